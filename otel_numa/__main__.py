@@ -1,0 +1,3 @@
+from otel_numa.cli import main
+
+raise SystemExit(main())

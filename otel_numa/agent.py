@@ -1,0 +1,101 @@
+"""Wires sources, collectors, the snapshot store, the pipeline and the HTTP endpoints together."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import generate_latest, start_http_server
+
+from otel_numa.accounting import Allocation
+from otel_numa.collectors.machine import MachineCollector
+from otel_numa.health_server import HealthServer
+from otel_numa.pipeline import Pipeline, build_pipeline
+from otel_numa.scheduler import Scheduler
+from otel_numa.settings import Settings, parse_host_port
+from otel_numa.snapshot import Snapshot, SnapshotStore
+from otel_numa.source_status import SourceRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sources = SourceRegistry()
+        self._machine = MachineCollector(settings.sysfs_root, settings.procfs_root, self.sources)
+        self.store = SnapshotStore(self._build_snapshot)
+        self.pipeline: Pipeline | None = None
+        self._health: HealthServer | None = None
+        self._prometheus_server: object | None = None
+        self.scheduler: Scheduler | None = None
+        self._stopped = threading.Event()
+
+    def _build_snapshot(self) -> Snapshot:
+        machine = self._machine.collect()
+        return Snapshot(
+            taken_at=time.monotonic(),
+            machine=machine,
+            allocation=Allocation(),
+            sources=self.sources.reports(),
+        )
+
+    # One-shot mode ------------------------------------------------------------------------------
+
+    def exposition_once(self) -> bytes:
+        """The Prometheus text exposition of one collection."""
+        pipeline = build_pipeline(self.settings, self.store, exporters=("prometheus",))
+        try:
+            assert pipeline.registry is not None
+            return generate_latest(pipeline.registry)
+        finally:
+            pipeline.shutdown(timeout_s=1)
+
+    # Serving ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        settings = self.settings
+        if settings.health_address != "none":
+            host, port = parse_host_port(settings.health_address)
+            self._health = HealthServer(host, port, lambda: self.store.ready)
+            self._health.start()
+        self.pipeline = build_pipeline(settings, self.store)
+        if self.pipeline.registry is not None and settings.prometheus_address != "none":
+            host, port = parse_host_port(settings.prometheus_address)
+            self._prometheus_server, _ = start_http_server(port, addr=host, registry=self.pipeline.registry)
+        # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
+        self.store.refresh()
+        self.scheduler = Scheduler(settings.interval, [self._push])
+        self.scheduler.start()
+        log.info(
+            "otel-numa serving node %s with exporters %s", settings.node_name, ",".join(settings.exporters)
+        )
+
+    def _push(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.push(timeout_s=self.settings.otlp_timeout)
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    def stop(self, timeout_s: float = 4.0) -> None:
+        """Flush and stop within ``timeout_s`` even with a dead collector."""
+        deadline = time.monotonic() + timeout_s
+        if self.scheduler is not None:
+            # a push in progress is bounded by the OTLP timeout; the final flush below is the last word
+            self.scheduler.stop(timeout_s=min(1.0, timeout_s / 4))
+        if self._prometheus_server is not None:
+            shutdown = getattr(self._prometheus_server, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        if self.pipeline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining > 1.0:
+                self.pipeline.push(timeout_s=min(self.settings.otlp_timeout, remaining - 0.5))
+            self.pipeline.shutdown(max(0.2, deadline - time.monotonic()))
+        if self._health is not None:
+            self._health.stop()

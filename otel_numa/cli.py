@@ -1,0 +1,119 @@
+"""``otel-numa`` command line: flags over ``OTEL_NUMA_*`` environment over ``--config`` YAML."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import yaml
+from pydantic import ValidationError
+
+from otel_numa import __version__
+from otel_numa.logs import setup_logging
+from otel_numa.settings import Settings
+
+EXIT_BAD_CONFIG = 2
+log = logging.getLogger("otel_numa")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One clear line, as for any other bad setting.
+        self.exit(EXIT_BAD_CONFIG, f"otel-numa: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="otel-numa", description="Per-NUMA resources of a Kubernetes node, through OpenTelemetry."
+    )
+    add = p.add_argument
+    add("--config", metavar="FILE", help="YAML file with the same keys (underscores: sysfs_root, ...)")
+    add("--sysfs-root", metavar="DIR")
+    add("--procfs-root", metavar="DIR")
+    add("--kubelet-root", metavar="DIR")
+    add("--podresources-socket", metavar="PATH", help="'none' disables the podresources client")
+    add("--pod-logs-root", metavar="DIR")
+    add("--reserved-cpus", metavar="LIST", help="the kubelet's reserved CPU set, e.g. 0-1")
+    add("--cgroup-root", metavar="DIR")
+    add("--container-logs-root", metavar="DIR")
+    add("--node-name", metavar="NAME")
+    add("--exporter", dest="exporters", action="append", metavar="NAME", help="prometheus, otlp, console")
+    add("--prometheus-address", metavar="HOST:PORT")
+    add("--health-address", metavar="HOST:PORT", help="/healthz and /readyz; 'none' disables")
+    add("--otlp-endpoint", metavar="URL")
+    add("--otlp-protocol", metavar="grpc|http/protobuf")
+    add("--interval", metavar="SECONDS")
+    add("--compat", metavar="numainfo")
+    add("--disable", action="append", metavar="GROUP", help="switch off a metric group (repeatable)")
+    add("--log-level", metavar="LEVEL")
+    add("--once", action="store_true", help="collect once, print the Prometheus text exposition, exit")
+    add("--version", action="version", version=f"otel-numa {__version__}")
+    return p
+
+
+def load_settings(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
+    """Parse flags and build the settings; raises SystemExit(2) with one line on any bad setting."""
+    args = _parser().parse_args(argv)
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None and k != "once"}
+    config_file = given.get("config") or os.environ.get("OTEL_NUMA_CONFIG")
+    if config_file:
+        _check_config_file(Path(config_file))
+    try:
+        settings = Settings(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = ".".join(str(part) for part in error["loc"] if not isinstance(part, int)) or "settings"
+        _die(f"invalid setting {name}: {error['msg']}")
+    return settings, bool(args.once)
+
+
+def _check_config_file(path: Path) -> None:
+    try:
+        content = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        _die(f"invalid setting config: cannot read {path}: {exc.strerror or exc}")
+    except yaml.YAMLError as exc:
+        _die(f"invalid setting config: {path} is not valid YAML ({str(exc).splitlines()[0]})")
+    if content is not None and not isinstance(content, dict):
+        _die(f"invalid setting config: {path} must hold a mapping of settings")
+
+
+def _die(message: str) -> NoReturn:
+    print(f"otel-numa: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_CONFIG)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings, once = load_settings(argv)
+    setup_logging(settings.log_level)
+    from otel_numa.agent import Agent  # after logging, so import-time warnings are formatted
+
+    agent = Agent(settings)
+    if once:
+        sys.stdout.buffer.write(agent.exposition_once())
+        sys.stdout.flush()
+        return 0
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        agent.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent.start()
+    except OSError as exc:  # e.g. the Prometheus port is taken
+        log.error("cannot start: %s", exc)
+        agent.stop(timeout_s=1)
+        return 1
+    agent.wait()
+    agent.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,75 @@
+"""sysfs/procfs -> :class:`MachineUsage`, with the topology cached until the online masks change."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from otel_numa.accounting import MachineUsage, cpu_time_by_node
+from otel_numa.source_status import SourceRegistry, SourceTracker
+from otel_numa.sources import procfs, sysfs
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.sysfs import Topology
+
+T = TypeVar("T")
+
+
+class MachineCollector:
+    def __init__(self, sysfs_root: Path, procfs_root: Path, registry: SourceRegistry) -> None:
+        self._sysfs_root = sysfs_root
+        self._procfs_root = procfs_root
+        self._sysfs = registry.tracker("sysfs")
+        self._procfs = registry.tracker("procfs")
+        self._topology_key: tuple[str, ...] | None = None
+        self._topology: Topology | None = None
+        self._last: MachineUsage | None = None
+
+    def _read_topology(self) -> Topology:
+        """The cached topology, re-read only when the online node/CPU masks changed."""
+        key = sysfs.topology_signature(self._sysfs_root)
+        if key != self._topology_key or self._topology is None:
+            self._topology = sysfs.read_topology(self._sysfs_root, self._procfs_root)
+            self._topology_key = key
+        return self._topology
+
+    def collect(self) -> MachineUsage | None:
+        failed: set[str] = set()
+
+        def read(tracker: SourceTracker, reader: Callable[[], T], fallback: T) -> T:
+            try:
+                return reader()
+            except SourceError as error:
+                tracker.failed(error)
+                failed.add(tracker.name)
+                return fallback
+
+        topology = read(self._sysfs, self._read_topology, self._topology)
+        if topology is None:
+            return None
+        # Keep the last good value of a part that fails this round, as long as the topology is the same.
+        last = self._last if self._last is not None and self._last.topology is topology else None
+
+        root, proc = self._sysfs_root, self._procfs_root
+        usage = MachineUsage(
+            topology=topology,
+            memory=read(
+                self._sysfs, lambda: sysfs.read_node_memory(root, proc, topology), last.memory if last else {}
+            ),
+            hugepages=read(
+                self._sysfs, lambda: sysfs.read_hugepages(root, topology), last.hugepages if last else {}
+            ),
+            numastat=read(
+                self._sysfs, lambda: sysfs.read_numastat(root, topology), last.numastat if last else {}
+            ),
+            cpu_time=read(
+                self._procfs,
+                lambda: cpu_time_by_node(procfs.read_cpu_times(proc), topology),
+                last.cpu_time if last else {},
+            ),
+        )
+        for tracker in (self._sysfs, self._procfs):
+            if tracker.name not in failed:
+                tracker.succeeded()
+        self._last = usage
+        return usage

@@ -1,0 +1,156 @@
+"""What the kubelet may hand out and has handed out, per NUMA node and per container."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from opentelemetry.util.types import AttributeValue
+
+from otel_numa.accounting import Allocation, ContainerAllocation, ContainerRef
+from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.snapshot import Snapshot
+
+HUGEPAGE_SIZE = "k8s.hugepage.size"
+RESOURCE_NAME = "numa.resource.name"
+
+
+def register_allocation(instruments: Instruments) -> None:
+    per_numa: list[tuple[str, str, str, Callable[[Allocation], Mapping[int, int] | None]]] = [
+        ("numa.cpu.allocatable", "{cpu}", "CPUs of the node the kubelet may allocate.", _cpu_allocatable),
+        ("numa.cpu.allocated", "{cpu}", "Exclusive CPUs of live containers (cpu manager).", _cpu_allocated),
+        ("numa.memory.allocatable", "By", "Memory the memory manager may allocate.", _mem_allocatable),
+        ("numa.memory.allocated", "By", "Memory the memory manager reserved for containers.", _mem_allocated),
+    ]
+    for name, unit, description, pick in per_numa:
+        instruments.add("updown", name, unit, description, _per_numa(pick))
+    instruments.add(
+        "updown",
+        "numa.hugepages.allocatable",
+        "By",
+        "Hugepages the memory manager may allocate.",
+        _per_key(lambda a: a.hugepages_allocatable, HUGEPAGE_SIZE),
+    )
+    instruments.add(
+        "updown",
+        "numa.hugepages.allocated",
+        "By",
+        "Hugepages the memory manager reserved for containers.",
+        _per_key(lambda a: a.hugepages_allocated, HUGEPAGE_SIZE),
+    )
+    instruments.add(
+        "updown",
+        "numa.device.capacity",
+        "{device}",
+        "Allocatable devices per NUMA node and resource (podresources).",
+        _per_key(lambda a: a.device_capacity, RESOURCE_NAME),
+    )
+    instruments.add(
+        "updown",
+        "numa.device.allocated",
+        "{device}",
+        "Devices allocated to live containers per NUMA node and resource.",
+        _per_key(lambda a: a.device_allocated, RESOURCE_NAME),
+    )
+
+
+def register_containers(instruments: Instruments) -> None:
+    instruments.add(
+        "updown",
+        "numa.container.cpu.allocated",
+        "{cpu}",
+        "Exclusive CPUs of the container on the NUMA node.",
+        _containers(lambda c: _numa_points(c.cpus)),
+    )
+    instruments.add(
+        "updown",
+        "numa.container.memory.allocated",
+        "By",
+        "Memory the memory manager reserved for the container on the NUMA node.",
+        _containers(lambda c: _numa_points(c.memory_bytes)),
+    )
+    instruments.add(
+        "updown",
+        "numa.container.hugepages.allocated",
+        "By",
+        "Hugepages the memory manager reserved for the container on the NUMA node.",
+        _containers(lambda c: _keyed_points(c.hugepages_bytes, HUGEPAGE_SIZE)),
+    )
+    instruments.add(
+        "updown",
+        "numa.container.device.allocated",
+        "{device}",
+        "Devices allocated to the container on the NUMA node.",
+        _containers(lambda c: _keyed_points(c.devices, RESOURCE_NAME)),
+    )
+
+
+def container_attributes(ref: ContainerRef) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {
+        "k8s.pod.uid": ref.pod_uid,
+        "k8s.container.name": ref.container_name,
+    }
+    if ref.pod_name is not None:
+        attributes["k8s.pod.name"] = ref.pod_name
+    if ref.namespace is not None:
+        attributes["k8s.namespace.name"] = ref.namespace
+    return attributes
+
+
+def _cpu_allocatable(a: Allocation) -> Mapping[int, int] | None:
+    return a.cpu_allocatable
+
+
+def _cpu_allocated(a: Allocation) -> Mapping[int, int] | None:
+    return a.cpu_allocated
+
+
+def _mem_allocatable(a: Allocation) -> Mapping[int, int] | None:
+    return a.memory_allocatable
+
+
+def _mem_allocated(a: Allocation) -> Mapping[int, int] | None:
+    return a.memory_allocated
+
+
+def _per_numa(
+    pick: Callable[[Allocation], Mapping[int, int] | None],
+) -> Callable[[Snapshot], Iterator[Point]]:
+    def observe(snapshot: Snapshot) -> Iterator[Point]:
+        values = pick(snapshot.allocation)
+        if values is not None:
+            yield from _numa_points(values)
+
+    return observe
+
+
+def _per_key(
+    pick: Callable[[Allocation], Mapping[tuple[int, str], int] | None], key_attribute: str
+) -> Callable[[Snapshot], Iterator[Point]]:
+    def observe(snapshot: Snapshot) -> Iterator[Point]:
+        values = pick(snapshot.allocation)
+        if values is not None:
+            yield from _keyed_points(values, key_attribute)
+
+    return observe
+
+
+def _numa_points(values: Mapping[int, int]) -> Iterator[Point]:
+    for numa_id, value in sorted(values.items()):
+        yield value, {NUMA_ID: numa_id}
+
+
+def _keyed_points(values: Mapping[tuple[int, str], int], key_attribute: str) -> Iterator[Point]:
+    for (numa_id, key), value in sorted(values.items()):
+        yield value, {NUMA_ID: numa_id, key_attribute: key}
+
+
+def _containers(
+    points: Callable[[ContainerAllocation], Iterator[Point]],
+) -> Callable[[Snapshot], Iterator[Point]]:
+    def observe(snapshot: Snapshot) -> Iterator[Point]:
+        for container in snapshot.allocation.containers:
+            base = container_attributes(container.container)
+            for value, attributes in points(container):
+                yield value, {**base, **(attributes or {})}
+
+    return observe

@@ -1,0 +1,200 @@
+"""The agent's settings: command line over ``OTEL_NUMA_*`` environment over the YAML file over defaults.
+
+pydantic-settings validates every source the same way, so a bad value names its setting wherever it came from.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.files import parse_cpulist
+
+ExporterName = Literal["prometheus", "otlp", "console"]
+OtlpProtocol = Literal["grpc", "http/protobuf"]
+
+
+class MetricGroup(enum.StrEnum):
+    """Groups of series an operator can switch off, like node_exporter's ``--no-collector.<name>``."""
+
+    TOPOLOGY = "topology"  # node count, capacities
+    DISTANCES = "distances"  # numa.node.distance (n^2 series)
+    USAGE = "usage"  # cpu time, memory used/free, free hugepages, numastat
+    ALLOCATION = "allocation"  # per-NUMA allocatable/allocated from the kubelet
+    CONTAINERS = "containers"  # per-container series (the cardinality driver)
+    HEALTH = "health"  # the agent's own source errors and data age
+
+
+def _split_list(value: Any) -> Any:
+    """Accept ``a,b`` strings (environment, flags) as well as YAML lists."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, list | tuple):
+        items: list[Any] = []
+        for item in value:
+            items.extend(_split_list(item) if isinstance(item, str) else [item])
+        return items
+    return value
+
+
+def parse_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port_text)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OTEL_NUMA_",
+        extra="forbid",
+        populate_by_name=True,
+        frozen=True,
+    )
+
+    config: Path | None = None
+    sysfs_root: Path = Path("/sys")
+    procfs_root: Path = Path("/proc")
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    # None: <kubelet-root>/pod-resources/kubelet.sock; "none" disables the client
+    podresources_socket: str | None = None
+    pod_logs_root: Path = Path("/var/log/pods")
+    reserved_cpus: Annotated[frozenset[int] | None, NoDecode] = None
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    container_logs_root: Path = Path("/var/log/containers")
+    node_name: str = Field(
+        default_factory=socket.gethostname,
+        validation_alias=AliasChoices("node_name", "OTEL_NUMA_NODE_NAME", "NODE_NAME"),
+    )
+    exporters: Annotated[tuple[ExporterName, ...], NoDecode] = Field(
+        default=("prometheus",), validation_alias=AliasChoices("exporters", "OTEL_NUMA_EXPORTERS")
+    )
+    prometheus_address: str = "0.0.0.0:9464"
+    health_address: str = "0.0.0.0:9465"
+    otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "otlp_endpoint", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+    )
+    otlp_protocol: OtlpProtocol = Field(
+        default="grpc",
+        validation_alias=AliasChoices(
+            "otlp_protocol", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
+        ),
+    )
+    otlp_timeout: float = Field(default=3.0, gt=0, le=60)
+    interval: float = Field(default=15.0, gt=0, le=3600)
+    compat: Literal["numainfo"] | None = None
+    disable: Annotated[frozenset[MetricGroup], NoDecode] = frozenset()
+    # Upper bound of attribute sets per instrument; sized for 250 pods x 4 containers x 16 NUMA nodes.
+    cardinality_limit: int = Field(default=20_000, ge=100)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("exporters", mode="before")
+    @classmethod
+    def _exporters_list(cls, value: Any) -> Any:
+        items = _split_list(value)
+        if isinstance(items, list) and not items:
+            raise ValueError("at least one exporter is needed")
+        return tuple(dict.fromkeys(items)) if isinstance(items, list) else items
+
+    @field_validator("disable", mode="before")
+    @classmethod
+    def _disable_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("reserved_cpus", mode="before")
+    @classmethod
+    def _cpu_list(cls, value: Any) -> Any:
+        if isinstance(value, int):
+            return frozenset({value})
+        if isinstance(value, str):
+            try:
+                return parse_cpulist(value)
+            except SourceError as exc:
+                raise ValueError(f"expected a CPU list such as 0-1,8: {exc}") from exc
+        return value
+
+    @field_validator("prometheus_address", "health_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value.lower() == "none":
+            return "none"
+        parse_host_port(value)
+        return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _no_empty_node_name(self) -> Settings:
+        if not self.node_name.strip():
+            raise ValueError("node_name must not be empty")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file_from(init_settings)
+        if config_file is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    # Derived values -----------------------------------------------------------------------------
+
+    @property
+    def podresources_socket_path(self) -> Path | None:
+        if self.podresources_socket is None:
+            return self.kubelet_root / "pod-resources" / "kubelet.sock"
+        if self.podresources_socket.lower() == "none":
+            return None
+        return Path(self.podresources_socket)
+
+    @property
+    def otlp_url(self) -> str:
+        """The collector URL for the protocol; over HTTP ``/v1/metrics`` is added to a bare base URL."""
+        if self.otlp_protocol == "grpc":
+            return self.otlp_endpoint or "http://localhost:4317"
+        url = self.otlp_endpoint or "http://localhost:4318"
+        if urlsplit(url).path in ("", "/"):
+            url = url.rstrip("/") + "/v1/metrics"
+        return url
+
+    def enabled(self, group: MetricGroup) -> bool:
+        return group not in self.disable
+
+
+def _config_file_from(init_settings: PydanticBaseSettingsSource) -> Path | None:
+    """The YAML file named by ``--config`` or ``OTEL_NUMA_CONFIG`` (it cannot name itself)."""
+    given = init_settings().get("config") or os.environ.get("OTEL_NUMA_CONFIG")
+    return Path(given) if given else None

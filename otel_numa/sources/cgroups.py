@@ -1,0 +1,354 @@
+"""Per-container NUMA memory, effective cpusets and CPU time from the kubelet's cgroups.
+
+The kubelet names its cgroups in one of two ways (``pkg/kubelet/cm``), and runs on either cgroup version:
+
+- systemd driver: ``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid, '-' as '_'>.slice/
+  <runtime>-<container id>.scope``; Guaranteed pods sit directly in ``kubepods.slice`` as
+  ``kubepods-pod<uid>.slice``.
+- cgroupfs driver: ``kubepods/<qos>/pod<uid>/<container id>``; Guaranteed pods are ``kubepods/pod<uid>``.
+  CRI-O names the container directory ``crio-<id>`` here too.
+
+Files read per container:
+
+- v2 (``<root>/cgroup.controllers`` exists): ``memory.numa_stat`` (``type N0=<bytes> N1=<bytes>``, any key
+  order, new keys may appear), ``cpuset.cpus.effective``, ``cpuset.mems.effective``, ``cpu.stat``
+  (``usage_usec``).
+- v1 (one hierarchy per controller under ``<root>/<controller>``): ``memory/…/memory.numa_stat``
+  (``type=<total> N0=<pages> …`` in pages), ``cpuset/…/cpuset.effective_cpus`` and ``effective_mems``
+  (else ``cpuset.cpus``/``cpuset.mems``), ``cpuacct/…/cpuacct.usage`` (ns).
+
+This runs for every container each export interval, so the hot path uses ``os.scandir`` and raw ``os``
+reads, and reads each file once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.files import parse_cpulist
+
+CgroupLayout = Literal["v1", "v2"]
+QosClass = Literal["guaranteed", "burstable", "besteffort"]
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+_V1_CPUACCT_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+_QOS_DIR_NAMES: Mapping[str, QosClass] = {"burstable": "burstable", "besteffort": "besteffort"}
+# Pod UIDs are UUIDs, static pods use a hex hash; systemd names carry '_' for '-'.
+_CGROUPFS_POD = re.compile(r"pod([0-9a-fA-F][0-9a-fA-F-]*)")
+_SYSTEMD_POD = re.compile(r"(.*?)-pod([0-9a-fA-F][0-9a-fA-F_]*)\.slice")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,}")
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerCgroup:
+    pod_uid: str
+    container_id: str
+    qos: QosClass
+    path: Path  # the container's directory (v2), or its directory in the memory hierarchy (v1)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerNumaUsage:
+    pod_uid: str
+    container_id: str
+    # memory type (anon, file, kernel_stack, shmem, ...) -> NUMA node id -> bytes.
+    # v1 kernels report only anon, file and unevictable; "total" is a sum, not a type.
+    memory_by_type: Mapping[str, Mapping[int, int]]
+    cpus: frozenset[int] | None  # effective cpuset; None when the cpuset controller is not there
+    mems: frozenset[int] | None
+    cpu_time_s: float | None  # CPU time of the container since it started; None when unknown
+
+
+class _Vanished(Exception):
+    """The cgroup was removed while being read (the container stopped)."""
+
+
+# --- layout ----------------------------------------------------------------------------------------
+
+
+def _is_kubepods_name(name: str) -> bool:
+    # A custom kubelet --cgroup-root nests it: systemd names it "<parent>-kubepods.slice".
+    return name in ("kubepods", "kubepods.slice") or name.endswith("-kubepods.slice")
+
+
+def _child_dirs(path: str) -> list[os.DirEntry[str]]:
+    """Subdirectories of ``path``; a directory that vanished has none."""
+    try:
+        with os.scandir(path) as entries:
+            return [entry for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return []
+        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+
+
+def _kubepods_roots(hierarchy: str) -> list[str]:
+    """The kubepods cgroups directly under ``hierarchy``, else one level deeper (custom cgroup root)."""
+    top = _child_dirs(hierarchy)
+    found = [entry.path for entry in top if _is_kubepods_name(entry.name)]
+    if found:
+        return found
+    return [inner.path for entry in top for inner in _child_dirs(entry.path) if _is_kubepods_name(inner.name)]
+
+
+def _hierarchy(cgroup_root: Path, layout: CgroupLayout) -> str:
+    """Where the kubepods tree lives: the root itself (v2) or the memory controller's mount (v1)."""
+    return str(cgroup_root) if layout == "v2" else os.path.join(cgroup_root, "memory")
+
+
+def detect_cgroup_layout(cgroup_root: Path) -> CgroupLayout:
+    """``v2`` for the unified hierarchy, ``v1`` for per-controller mounts (hybrid mode counts as v1).
+
+    Raises :class:`SourceMissing` when no kubepods hierarchy exists under the root.
+    """
+    if os.path.isfile(os.path.join(cgroup_root, "cgroup.controllers")):
+        layout: CgroupLayout = "v2"
+    elif os.path.isdir(os.path.join(cgroup_root, "memory")):
+        layout = "v1"
+    else:
+        raise SourceMissing(f"{cgroup_root}: no cgroup v2 root and no v1 memory hierarchy")
+    if not _kubepods_roots(_hierarchy(cgroup_root, layout)):
+        raise SourceMissing(f"{cgroup_root}: no kubepods cgroup ({layout})")
+    return layout
+
+
+# --- discovery -------------------------------------------------------------------------------------
+
+
+def _pod_of(name: str, parent_qos: QosClass) -> tuple[str, QosClass] | None:
+    """(pod UID, QoS class) when ``name`` is a pod cgroup directory."""
+    if name.endswith(".slice"):
+        match = _SYSTEMD_POD.fullmatch(name)
+        if match is None:
+            return None
+        prefix = match.group(1)
+        qos: QosClass = parent_qos
+        for qos_name, qos_class in _QOS_DIR_NAMES.items():
+            if prefix.endswith("-" + qos_name):
+                qos = qos_class
+        return match.group(2).replace("_", "-"), qos
+    match = _CGROUPFS_POD.fullmatch(name)
+    return (match.group(1), parent_qos) if match else None
+
+
+def _qos_of_dir(name: str) -> QosClass | None:
+    """The QoS class a QoS-level directory holds (``burstable``, ``kubepods-besteffort.slice``)."""
+    base = name.removesuffix(".slice").rsplit("-", 1)[-1]
+    return _QOS_DIR_NAMES.get(base)
+
+
+def _container_id_of(name: str) -> str | None:
+    """The id in ``<runtime>-<id>.scope``, ``crio-<id>`` or ``<id>``; conmon scopes are not containers."""
+    stem = name.removesuffix(".scope")
+    prefix, _, container_id = stem.rpartition("-")
+    if prefix.endswith("conmon"):
+        return None
+    return container_id if _CONTAINER_ID.fullmatch(container_id) else None
+
+
+def _pods_under(kubepods: str) -> Iterator[tuple[str, str, QosClass]]:
+    """(pod directory, pod UID, QoS class) for every pod cgroup below one kubepods cgroup."""
+    for entry in _child_dirs(kubepods):
+        pod = _pod_of(entry.name, "guaranteed")
+        if pod is not None:
+            yield entry.path, pod[0], pod[1]
+            continue
+        qos = _qos_of_dir(entry.name)
+        if qos is None:
+            continue
+        for pod_entry in _child_dirs(entry.path):
+            pod = _pod_of(pod_entry.name, qos)
+            if pod is not None:
+                yield pod_entry.path, pod[0], pod[1]
+
+
+def find_container_cgroups(cgroup_root: Path) -> tuple[ContainerCgroup, ...]:
+    """Every container cgroup (sandboxes included) the kubelet made, for either driver and version.
+
+    Raises :class:`SourceMissing` when there is no kubepods hierarchy.
+    """
+    return _find(cgroup_root, detect_cgroup_layout(cgroup_root))
+
+
+def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...]:
+    found: list[ContainerCgroup] = []
+    for kubepods in _kubepods_roots(_hierarchy(cgroup_root, layout)):
+        for pod_dir, pod_uid, qos in _pods_under(kubepods):
+            for entry in _child_dirs(pod_dir):
+                container_id = _container_id_of(entry.name)
+                if container_id is not None:
+                    found.append(ContainerCgroup(pod_uid, container_id, qos, Path(entry.path)))
+    return tuple(found)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str | None:
+    """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return None
+        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    try:
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, _READ_CHUNK):
+            chunks.append(chunk)
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return None
+        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", errors="replace")
+
+
+def _node_values(tokens: list[str], scale: int, text: str) -> dict[int, int]:
+    """``N<id>=<value>`` tokens as node id -> value x scale; other tokens are not per-node and skipped."""
+    by_node: dict[int, int] = {}
+    for token in tokens:
+        node_text, separator, value_text = token.partition("=")
+        if not separator or node_text[:1] != "N":
+            continue
+        try:
+            by_node[int(node_text[1:])] = int(value_text) * scale
+        except ValueError as exc:
+            raise SourceCorrupt(f"memory.numa_stat: bad entry {token!r} in {text[:200]!r}") from exc
+    return by_node
+
+
+def parse_numa_stat_v2(text: str) -> dict[str, dict[int, int]]:
+    """cgroup v2 ``memory.numa_stat``: type -> node -> bytes, every type the kernel lists."""
+    memory: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        tokens = line.split()
+        by_node = _node_values(tokens[1:], 1, text) if len(tokens) > 1 else None
+        if by_node:
+            memory[tokens[0]] = by_node
+    return memory
+
+
+def parse_numa_stat_v1(text: str, page_size: int = PAGE_SIZE) -> dict[str, dict[int, int]]:
+    """cgroup v1 ``memory.numa_stat``: type -> node -> bytes (the kernel counts pages).
+
+    The ``hierarchical_<type>`` lines, which also count the cgroup's descendants, win over the plain ones, so
+    a container that made its own sub-cgroups is counted whole, as cgroup v2 does. ``total`` is the sum of
+    the other types, not a type.
+    """
+    own: dict[str, dict[int, int]] = {}
+    hierarchical: dict[str, dict[int, int]] = {}
+    for line in text.splitlines():
+        tokens = line.split()
+        if not tokens:
+            continue
+        name, separator, _ = tokens[0].partition("=")
+        if not separator:
+            continue  # vendor lines such as "numa_locality 0 0 0" carry no per-node amounts
+        target = own
+        if name.startswith("hierarchical_"):
+            name = name.removeprefix("hierarchical_")
+            target = hierarchical
+        by_node = _node_values(tokens[1:], page_size, text)
+        if name != "total" and by_node:
+            target[name] = by_node
+    own.update(hierarchical)
+    return own
+
+
+def _cpu_usage_usec(cpu_stat: str) -> int | None:
+    for line in cpu_stat.splitlines():
+        if line.startswith("usage_usec "):
+            return _int(line[len("usage_usec ") :], cpu_stat)
+    return None
+
+
+def _int(text: str, context: str) -> int:
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise SourceCorrupt(f"bad number {text.strip()!r} in cgroup file {context[:200]!r}") from exc
+
+
+def _v1_controller_dir(memory_dir: str, controller: str) -> str:
+    """The same cgroup in another v1 hierarchy: ``<root>/memory/<rel>`` -> ``<root>/<controller>/<rel>``."""
+    if memory_dir.endswith("/memory"):
+        return memory_dir
+    root, _, relative = memory_dir.rpartition("/memory/")
+    return f"{root}/{controller}/{relative}"
+
+
+def _read_v2(directory: str) -> tuple[str | None, str | None, str | None, float | None]:
+    numa_stat = _read(directory + "/memory.numa_stat")
+    cpus = _read(directory + "/cpuset.cpus.effective")
+    mems = _read(directory + "/cpuset.mems.effective")
+    cpu_stat = _read(directory + "/cpu.stat")
+    usage = _cpu_usage_usec(cpu_stat) if cpu_stat is not None else None
+    return numa_stat, cpus, mems, usage / 1e6 if usage is not None else None
+
+
+def _read_v1(memory_dir: str) -> tuple[str | None, str | None, str | None, float | None]:
+    numa_stat = _read(memory_dir + "/memory.numa_stat")
+    cpuset_dir = _v1_controller_dir(memory_dir, "cpuset")
+    cpus = _read(cpuset_dir + "/cpuset.effective_cpus")
+    if cpus is None:
+        cpus = _read(cpuset_dir + "/cpuset.cpus")
+    mems = _read(cpuset_dir + "/cpuset.effective_mems")
+    if mems is None:
+        mems = _read(cpuset_dir + "/cpuset.mems")
+    usage_text = None
+    for controller in _V1_CPUACCT_DIRS:
+        usage_text = _read(_v1_controller_dir(memory_dir, controller) + "/cpuacct.usage")
+        if usage_text is not None:
+            break
+    cpu_time = _int(usage_text, usage_text) / 1e9 if usage_text is not None else None
+    return numa_stat, cpus, mems, cpu_time
+
+
+def read_container_usage(cgroup: ContainerCgroup, layout: CgroupLayout) -> ContainerNumaUsage | None:
+    """One container's NUMA memory, cpusets and CPU time; ``None`` when its cgroup vanished meanwhile."""
+    directory = str(cgroup.path)
+    numa_stat, cpus, mems, cpu_time = _read_v2(directory) if layout == "v2" else _read_v1(directory)
+    if (numa_stat is None or cpus is None or mems is None or cpu_time is None) and not os.path.isdir(
+        directory
+    ):
+        return None  # the container stopped while we read it: not an error
+    if numa_stat is None:
+        memory: dict[str, dict[int, int]] = {}  # a kernel without CONFIG_NUMA has no numa_stat
+    elif layout == "v2":
+        memory = parse_numa_stat_v2(numa_stat)
+    else:
+        memory = parse_numa_stat_v1(numa_stat)
+    return ContainerNumaUsage(
+        pod_uid=cgroup.pod_uid,
+        container_id=cgroup.container_id,
+        memory_by_type=memory,
+        cpus=parse_cpulist(cpus) if cpus is not None else None,
+        mems=parse_cpulist(mems) if mems is not None else None,
+        cpu_time_s=cpu_time,
+    )
+
+
+def read_all_usage(cgroup_root: Path) -> tuple[ContainerNumaUsage, ...]:
+    """Usage of every container cgroup under the root; containers that stop meanwhile are left out.
+
+    Raises :class:`SourceMissing` without a kubepods hierarchy, :class:`SourceUnavailable` when files cannot
+    be read (permissions) and :class:`SourceCorrupt` when one does not parse.
+    """
+    layout = detect_cgroup_layout(cgroup_root)
+    usages = (read_container_usage(cgroup, layout) for cgroup in _find(cgroup_root, layout))
+    return tuple(usage for usage in usages if usage is not None)

@@ -1,0 +1,225 @@
+"""Client of the kubelet's podresources gRPC API (v1): live pods, their exclusive CPUs, devices and
+memory with NUMA affinity, and what the kubelet may allocate.
+
+The kubelet serves it on ``<kubelet-root>/pod-resources/kubelet.sock``. The client keeps one channel
+and reuses it across calls; the channel is created on first use and again only when the socket file
+is replaced (the kubelet restarted), so a kubelet that comes and goes needs no new client.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+
+from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
+from otel_numa.sources.errors import SourceMissing, SourceUnavailable
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+_Response = TypeVar("_Response")
+
+
+@dataclass(frozen=True)
+class ContainerDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+    numa_ids: tuple[int, ...]  # sorted, without repeats; empty when the device has no NUMA affinity
+
+
+@dataclass(frozen=True)
+class ContainerMemory:
+    memory_type: str  # "memory" or "hugepages-<size>"
+    size: int  # bytes
+    numa_ids: tuple[int, ...]  # sorted, without repeats
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    name: str
+    cpu_ids: frozenset[int]  # exclusive CPUs only; empty for containers in the shared pool
+    devices: tuple[ContainerDevices, ...]
+    memory: tuple[ContainerMemory, ...]
+
+
+@dataclass(frozen=True)
+class PodResources:
+    name: str
+    namespace: str
+    containers: tuple[ContainerResources, ...]
+
+
+@dataclass(frozen=True)
+class AllocatableResources:
+    cpu_ids: frozenset[int]
+    devices: tuple[ContainerDevices, ...]
+    memory: tuple[ContainerMemory, ...]
+
+
+def rpc_failure(exc: grpc.RpcError, what: str) -> SourceUnavailable:
+    """Turn a failed RPC into a :class:`SourceUnavailable` whose error type is the status code name."""
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    error_type = code.name.lower() if isinstance(code, grpc.StatusCode) else "unavailable"
+    details = exc.details() if callable(getattr(exc, "details", None)) else None
+    return SourceUnavailable(f"{what}: {error_type}: {details or exc}", error_type=error_type)
+
+
+class UnixSocketChannel:
+    """A gRPC channel to a unix socket, created lazily and replaced when the socket file is.
+
+    gRPC reconnects a channel by itself, but only after a back-off, and a restarted server creates a
+    new socket file; comparing the file's identity makes the first call after a restart succeed.
+    """
+
+    def __init__(self, socket_path: Path, *, max_message_bytes: int) -> None:
+        self._socket_path = socket_path
+        self._max_message_bytes = max_message_bytes
+        self._channel: Any = None
+        self._socket_identity: tuple[int, int] | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self._socket_path
+
+    def get(self) -> Any:
+        """The channel for the socket as it is now; SourceMissing when the socket is absent."""
+        identity = self._current_socket_identity()
+        if self._channel is not None and identity != self._socket_identity:
+            self.close()
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{os.path.abspath(self._socket_path)}",
+                options=[
+                    ("grpc.max_receive_message_length", self._max_message_bytes),
+                    # A local server that restarts is back within seconds; do not wait minutes.
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ],
+            )
+            self._socket_identity = identity
+        return self._channel
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self._socket_identity = None
+
+    def _current_socket_identity(self) -> tuple[int, int]:
+        try:
+            info = os.stat(self._socket_path)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            self.close()
+            raise SourceMissing(f"{self._socket_path}: no such socket") from exc
+        except OSError as exc:
+            raise SourceUnavailable(f"{self._socket_path}: {exc.strerror or exc}") from exc
+        if not stat.S_ISSOCK(info.st_mode):
+            raise SourceUnavailable(f"{self._socket_path}: not a socket", error_type="not_a_socket")
+        return (info.st_dev, info.st_ino)
+
+
+class PodResourcesClient:
+    """Reads the kubelet's podresources API over one persistent channel.
+
+    Every call raises :class:`SourceMissing` when the socket does not exist (checked before any RPC,
+    so it is immediate) and :class:`SourceUnavailable` when the RPC fails; its ``error_type`` is the
+    gRPC status code in lower case (``unavailable``, ``deadline_exceeded``, ``unimplemented``,
+    ``resource_exhausted`` for an answer above ``max_message_bytes``). No call blocks longer than
+    ``timeout_s``. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        timeout_s: float = 5.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._channel = UnixSocketChannel(socket_path, max_message_bytes=max_message_bytes)
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def list_pods(self) -> tuple[PodResources, ...]:
+        """The pods the kubelet runs now, with the resources it assigned to each container."""
+        response: pb.ListPodResourcesResponse = self._call(
+            "List", lambda stub: stub.List(pb.ListPodResourcesRequest(), timeout=self._timeout_s)
+        )
+        return tuple(_pod_resources(pod) for pod in response.pod_resources)
+
+    def allocatable(self) -> AllocatableResources:
+        """What the kubelet may hand out; UNIMPLEMENTED on kubelets without GetAllocatableResources."""
+        response: pb.AllocatableResourcesResponse = self._call(
+            "GetAllocatableResources",
+            lambda stub: stub.GetAllocatableResources(
+                pb.AllocatableResourcesRequest(), timeout=self._timeout_s
+            ),
+        )
+        return AllocatableResources(
+            cpu_ids=frozenset(response.cpu_ids),
+            devices=tuple(_devices(device) for device in response.devices),
+            memory=tuple(_memory(block) for block in response.memory),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(self, method: str, invoke: Callable[[pb_grpc.PodResourcesListerStub], _Response]) -> _Response:
+        with self._lock:
+            stub = pb_grpc.PodResourcesListerStub(self._channel.get())
+            try:
+                return invoke(stub)
+            except grpc.RpcError as exc:
+                raise rpc_failure(exc, f"{self._channel.socket_path} {method}") from exc
+
+
+def _numa_ids(topology: pb.TopologyInfo) -> tuple[int, ...]:
+    return tuple(sorted({node.ID for node in topology.nodes}))
+
+
+def _devices(device: pb.ContainerDevices) -> ContainerDevices:
+    return ContainerDevices(
+        resource_name=device.resource_name,
+        device_ids=tuple(device.device_ids),
+        numa_ids=_numa_ids(device.topology),
+    )
+
+
+def _memory(block: pb.ContainerMemory) -> ContainerMemory:
+    return ContainerMemory(memory_type=block.memory_type, size=block.size, numa_ids=_numa_ids(block.topology))
+
+
+def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerResources, ...]:
+    return tuple(
+        ContainerResources(
+            name=container.name,
+            cpu_ids=frozenset(container.cpu_ids),
+            devices=tuple(_devices(device) for device in container.devices),
+            memory=tuple(_memory(block) for block in container.memory),
+        )
+        for container in containers
+    )
+
+
+def _pod_resources(pod: pb.PodResources) -> PodResources:
+    return PodResources(name=pod.name, namespace=pod.namespace, containers=_containers(pod.containers))

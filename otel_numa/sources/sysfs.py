@@ -1,0 +1,422 @@
+"""NUMA topology and per-node memory, hugepages and numastat from sysfs.
+
+Layout read (all under ``<sysfs-root>``):
+- ``devices/system/node/online`` and the ``nodeN`` directories (ids may be sparse)
+- ``devices/system/node/nodeN/{cpulist,cpumap,distance,meminfo,numastat}``
+- ``devices/system/node/nodeN/hugepages/hugepages-<kB>kB/{nr_hugepages,free_hugepages}``
+- ``devices/system/cpu/online`` (or ``cpuN/online`` when absent)
+- ``kernel/mm/hugepages/hugepages-<kB>kB/`` on a kernel without NUMA
+
+Errors: a missing root directory raises :class:`SourceMissing`, content that does not parse raises
+:class:`SourceCorrupt`. A per-node file that vanishes or cannot be read (a node going offline mid-read)
+only drops that node's value for that file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.files import (
+    format_cpulist,
+    parse_cpulist,
+    parse_cpumask,
+    read_optional_text,
+    read_text,
+)
+from otel_numa.sources.procfs import parse_meminfo, read_meminfo
+
+logger = logging.getLogger(__name__)
+
+NODE_DIR = Path("devices/system/node")
+CPU_DIR = Path("devices/system/cpu")
+GLOBAL_HUGEPAGES_DIR = Path("kernel/mm/hugepages")
+
+_NODE_NAME = re.compile(r"node(\d+)")
+_CPU_NAME = re.compile(r"cpu(\d+)")
+_HUGEPAGES_NAME = re.compile(r"hugepages-(\d+)kB")
+
+# nodeN/numastat key -> the value of the numa.numastat.type attribute; other keys lose a "numa_" prefix
+_NUMASTAT_NAMES = {
+    "numa_hit": "hit",
+    "numa_miss": "miss",
+    "numa_foreign": "foreign",
+    "interleave_hit": "interleave_hit",
+    "local_node": "local",
+    "other_node": "other",
+}
+
+# Overlap sets already warned about, so that a buggy firmware is reported once per process.
+_reported_overlaps: set[frozenset[int]] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    id: int
+    cpus: frozenset[int]
+    # target node id -> distance, in the order of the online node ids (10 = local); empty when unknown
+    distances: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    nodes: tuple[NumaNode, ...]  # sorted by id
+    online_cpus: frozenset[int]
+    # False when the kernel has no devices/system/node: one synthetic node 0 holds every online CPU
+    numa_enabled: bool
+    # CPUs that more than one node's cpulist claims (buggy firmware); reported as the kernel states them
+    overlapping_cpus: frozenset[int]
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(node.id for node in self.nodes)
+
+    def node(self, node_id: int) -> NumaNode:
+        """The node with this id (``KeyError`` when there is none)."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMemory:
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HugepagePool:
+    size_kib: int
+    total_pages: int
+    free_pages: int
+
+
+def node_path(sysfs_root: Path, node_id: int) -> Path:
+    return sysfs_root / NODE_DIR / f"node{node_id}"
+
+
+# --- small readers -------------------------------------------------------------------------------
+
+
+def _numbered_entries(directory: Path, pattern: re.Pattern[str]) -> dict[int, str]:
+    """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries]
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise SourceMissing(f"{directory}: not found") from exc
+    except OSError as exc:
+        raise SourceUnavailable(f"{directory}: {exc.strerror or exc}") from exc
+    found: dict[int, str] = {}
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is not None:
+            found[int(match.group(1))] = name
+    return found
+
+
+def _read_node_file(path: Path) -> str | None:
+    """A per-node (or per-CPU) file; ``None`` when it vanished or is unreadable: only its value is lost."""
+    try:
+        return read_text(path)
+    except SourceMissing:
+        return None
+    except SourceUnavailable as error:
+        logger.debug("skipping unreadable %s: %s", path, error)
+        return None
+
+
+def _parse_int(text: str, path: Path) -> int:
+    try:
+        return int(text.strip())
+    except ValueError as exc:
+        raise SourceCorrupt(f"{path}: not an integer: {text.strip()[:40]!r}") from exc
+
+
+def _read_optional_cpulist(path: Path) -> tuple[int, ...] | None:
+    text = read_optional_text(path)
+    return None if text is None else tuple(sorted(parse_cpulist(text)))
+
+
+# --- topology ------------------------------------------------------------------------------------
+
+
+def _online_cpus_from_cpu_dirs(cpu_dir: Path) -> frozenset[int]:
+    """Every ``cpuN`` whose ``online`` is not 0; a CPU without the file (often cpu0) cannot go offline."""
+    online: set[int] = set()
+    for cpu, name in _numbered_entries(cpu_dir, _CPU_NAME).items():
+        text = _read_node_file(cpu_dir / name / "online")
+        if text is None or _parse_int(text, cpu_dir / name / "online") != 0:
+            online.add(cpu)
+    return frozenset(online)
+
+
+def _read_online_cpus(sysfs_root: Path) -> frozenset[int]:
+    cpu_dir = sysfs_root / CPU_DIR
+    text = read_optional_text(cpu_dir / "online")
+    if text is not None:
+        return parse_cpulist(text)
+    return _online_cpus_from_cpu_dirs(cpu_dir)
+
+
+def _node_ids(sysfs_root: Path) -> tuple[int, ...]:
+    """Ids of the ``nodeN`` directories, sorted; empty on a kernel without NUMA."""
+    try:
+        return tuple(sorted(_numbered_entries(sysfs_root / NODE_DIR, _NODE_NAME)))
+    except SourceMissing:
+        return ()
+
+
+def topology_signature(sysfs_root: Path) -> tuple[str, ...]:
+    """A cheap value that changes when nodes or CPUs go on- or offline, so the topology is re-read then."""
+    node_online = read_optional_text(sysfs_root / NODE_DIR / "online")
+    if node_online is None:
+        node_online = "dirs:" + format_cpulist(frozenset(_node_ids(sysfs_root)))
+    cpu_online = read_optional_text(sysfs_root / CPU_DIR / "online")
+    if cpu_online is None:
+        cpu_online = "dirs:" + format_cpulist(_online_cpus_from_cpu_dirs(sysfs_root / CPU_DIR))
+    return (f"nodes={node_online.strip()}", f"cpus={cpu_online.strip()}")
+
+
+def _read_node_cpus(path: Path) -> frozenset[int] | None:
+    """The node's CPUs as its ``cpulist`` (or ``cpumap``) states them; ``None`` when neither can be read."""
+    readers: tuple[tuple[str, Callable[[str], frozenset[int]]], ...] = (
+        ("cpulist", parse_cpulist),
+        ("cpumap", parse_cpumask),
+    )
+    for name, parse in readers:
+        text = _read_node_file(path / name)
+        if text is not None:
+            return parse(text)
+    return None
+
+
+def _distance_targets(
+    count: int, online: tuple[int, ...], possible: tuple[int, ...] | None, present: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The node ids that a ``distance`` row of ``count`` values refers to.
+
+    The kernel prints one value per online node. Some snapshots disagree (a row with a value for an
+    offline node): then the first id list of the right length wins, else the online ids as far as they go.
+    """
+    for candidate in (online, possible, present):
+        if candidate is not None and len(candidate) == count:
+            return candidate
+    return online[:count]
+
+
+def _read_distances(
+    path: Path, online: tuple[int, ...], possible: tuple[int, ...] | None, present: tuple[int, ...]
+) -> dict[int, int]:
+    text = _read_node_file(path / "distance")
+    if text is None:
+        return {}
+    try:
+        values = [int(value) for value in text.split()]
+    except ValueError as exc:
+        raise SourceCorrupt(f"{path / 'distance'}: bad distance row {text.strip()[:80]!r}") from exc
+    known = set(present)
+    targets = _distance_targets(len(values), online, possible, present)
+    return {target: value for target, value in zip(targets, values, strict=False) if target in known}
+
+
+def _overlapping_cpus(nodes: tuple[NumaNode, ...]) -> frozenset[int]:
+    seen: set[int] = set()
+    overlap: set[int] = set()
+    for node in nodes:
+        overlap.update(node.cpus & seen)
+        seen.update(node.cpus)
+    return frozenset(overlap)
+
+
+def _warn_overlap_once(overlap: frozenset[int], nodes: tuple[NumaNode, ...]) -> None:
+    if not overlap or overlap in _reported_overlaps:
+        return
+    _reported_overlaps.add(overlap)
+    claimants = [node.id for node in nodes if node.cpus & overlap]
+    logger.warning(
+        "NUMA nodes %s all claim CPUs %s (buggy firmware?); reporting them as the kernel states them",
+        ",".join(map(str, claimants)),
+        format_cpulist(overlap),
+    )
+
+
+def read_topology(sysfs_root: Path, procfs_root: Path) -> Topology:
+    """Nodes, their online CPUs and distances.
+
+    ``procfs_root`` is not needed today (everything comes from sysfs); it is accepted so that every
+    machine reader takes the same roots.
+    """
+    online_cpus = _read_online_cpus(sysfs_root)
+    present = _node_ids(sysfs_root)
+    if not present:
+        only = NumaNode(id=0, cpus=online_cpus, distances={})
+        return Topology(
+            nodes=(only,), online_cpus=online_cpus, numa_enabled=False, overlapping_cpus=frozenset()
+        )
+
+    node_dir = sysfs_root / NODE_DIR
+    online_nodes = _read_optional_cpulist(node_dir / "online") or present
+    possible_nodes = _read_optional_cpulist(node_dir / "possible")
+    nodes: list[NumaNode] = []
+    for node_id in present:
+        path = node_path(sysfs_root, node_id)
+        cpus = _read_node_cpus(path)
+        if cpus is None and not path.is_dir():
+            continue  # the node went away while we were reading
+        nodes.append(
+            NumaNode(
+                id=node_id,
+                cpus=(cpus or frozenset()) & online_cpus,
+                distances=_read_distances(path, online_nodes, possible_nodes, present),
+            )
+        )
+    ordered = tuple(nodes)
+    overlap = _overlapping_cpus(ordered)
+    _warn_overlap_once(overlap, ordered)
+    return Topology(nodes=ordered, online_cpus=online_cpus, numa_enabled=True, overlapping_cpus=overlap)
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+
+def _require_node_dir(sysfs_root: Path) -> None:
+    if not (sysfs_root / NODE_DIR).is_dir():
+        raise SourceMissing(f"{sysfs_root / NODE_DIR}: not found")
+
+
+def _node_memory(fields: Mapping[str, int]) -> NodeMemory | None:
+    """Total, free and used from meminfo fields; ``None`` when too few of them are there to tell."""
+    total = fields.get("MemTotal")
+    if total is None:
+        return None
+    free = fields.get("MemFree")
+    used = fields.get("MemUsed")
+    if free is None:
+        if used is None:
+            return None
+        free = max(total - used, 0)
+    elif used is None:
+        used = max(total - free, 0)
+    return NodeMemory(total_bytes=total, free_bytes=free, used_bytes=used)
+
+
+def read_node_memory(sysfs_root: Path, procfs_root: Path, topology: Topology) -> dict[int, NodeMemory]:
+    """Memory per node from ``nodeN/meminfo`` (or ``<procfs>/meminfo`` without NUMA), in bytes.
+
+    A node whose meminfo vanished, or lacks MemTotal, is absent from the result.
+    """
+    if not topology.numa_enabled:
+        memory = _node_memory(read_meminfo(procfs_root))
+        return {} if memory is None else {topology.nodes[0].id: memory}
+
+    _require_node_dir(sysfs_root)
+    result: dict[int, NodeMemory] = {}
+    for node_id in topology.node_ids:
+        text = _read_node_file(node_path(sysfs_root, node_id) / "meminfo")
+        if text is None:
+            continue
+        memory = _node_memory(parse_meminfo(text))
+        if memory is not None:
+            result[node_id] = memory
+    return result
+
+
+# --- hugepages -----------------------------------------------------------------------------------
+
+
+def _read_pools(directory: Path) -> tuple[HugepagePool, ...] | None:
+    """The ``hugepages-<kB>kB`` pools under ``directory`` by size; ``None`` when the directory is absent."""
+    try:
+        sizes = _numbered_entries(directory, _HUGEPAGES_NAME)
+    except (SourceMissing, SourceUnavailable):
+        return None
+    pools: list[HugepagePool] = []
+    for size_kib, name in sorted(sizes.items()):
+        total_text = _read_node_file(directory / name / "nr_hugepages")
+        free_text = _read_node_file(directory / name / "free_hugepages")
+        if total_text is None or free_text is None:
+            continue
+        pools.append(
+            HugepagePool(
+                size_kib=size_kib,
+                total_pages=_parse_int(total_text, directory / name / "nr_hugepages"),
+                free_pages=_parse_int(free_text, directory / name / "free_hugepages"),
+            )
+        )
+    return tuple(pools)
+
+
+def _pools_from_meminfo(procfs_root: Path) -> tuple[HugepagePool, ...] | None:
+    fields = read_meminfo(procfs_root)
+    total, free, size_bytes = (
+        fields.get("HugePages_Total"),
+        fields.get("HugePages_Free"),
+        fields.get("Hugepagesize"),
+    )
+    if total is None or free is None or size_bytes is None:
+        return None
+    return (HugepagePool(size_kib=size_bytes // 1024, total_pages=total, free_pages=free),)
+
+
+def read_hugepages(
+    sysfs_root: Path, topology: Topology, *, procfs_root: Path | None = None
+) -> dict[int, tuple[HugepagePool, ...]]:
+    """Hugepage pools per node, smallest page size first.
+
+    Only nodes with memory have a ``hugepages`` directory; the others are absent from the result. Without
+    NUMA, node 0 gets the machine's pools from ``kernel/mm/hugepages``, else (very old kernels) from
+    ``<procfs_root>/meminfo`` when ``procfs_root`` is given.
+    """
+    if not topology.numa_enabled:
+        pools = _read_pools(sysfs_root / GLOBAL_HUGEPAGES_DIR)
+        if pools is None and procfs_root is not None:
+            pools = _pools_from_meminfo(procfs_root)
+        return {} if pools is None else {topology.nodes[0].id: pools}
+
+    _require_node_dir(sysfs_root)
+    result: dict[int, tuple[HugepagePool, ...]] = {}
+    for node_id in topology.node_ids:
+        pools = _read_pools(node_path(sysfs_root, node_id) / "hugepages")
+        if pools is not None:
+            result[node_id] = pools
+    return result
+
+
+# --- numastat ------------------------------------------------------------------------------------
+
+
+def parse_numastat(text: str, path: Path) -> dict[str, int]:
+    """``numa_hit 123`` lines as ``{"hit": 123, ...}`` (see the names in ``_NUMASTAT_NAMES``)."""
+    counters: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise SourceCorrupt(f"{path}: bad numastat line {line[:80]!r}")
+        key, value = parts
+        name = _NUMASTAT_NAMES.get(key, key.removeprefix("numa_"))
+        counters[name] = _parse_int(value, path)
+    return counters
+
+
+def read_numastat(sysfs_root: Path, topology: Topology) -> dict[int, dict[str, int]]:
+    """Page allocation counters per node; a node without ``numastat`` (or no NUMA at all) is absent."""
+    if not topology.numa_enabled:
+        return {}
+    _require_node_dir(sysfs_root)
+    result: dict[int, dict[str, int]] = {}
+    for node_id in topology.node_ids:
+        path = node_path(sysfs_root, node_id) / "numastat"
+        text = _read_node_file(path)
+        if text is not None:
+            result[node_id] = parse_numastat(text, path)
+    return result

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run everything CI runs: lint, type check, the whole test suite.
+# Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --test
+.venv/bin/ruff check otel_numa tests benchmarks
+.venv/bin/ruff format --check otel_numa tests benchmarks
+.venv/bin/mypy
+exec .venv/bin/pytest "$@"

@@ -1,0 +1,169 @@
+"""A stand-in kubelet podresources server (v1) on a unix socket, written from the published API.
+
+It serves ``/v1.PodResourcesLister/List`` and ``/v1.PodResourcesLister/GetAllocatableResources``
+from :class:`PodResourcesState`, which a test may change at any time. ``delay_s`` makes every
+call wait first (a slow kubelet), ``allocatable_unimplemented`` makes GetAllocatableResources answer
+UNIMPLEMENTED (kubelets before the method existed).
+
+In a test::
+
+    with PodResourcesServer() as server:
+        server.state.pods = [pb.PodResources(name="web", namespace="shop")]
+        client = PodResourcesClient(server.socket_path)
+
+In a separate process (prints ``ready`` once it listens; SIGTERM stops it)::
+
+    python -m tests.support.podresources_server --socket /tmp/x/kubelet.sock --state state.json
+
+where ``state.json`` is ``{"pods": [<PodResources in protobuf JSON>], "allocatable":
+<AllocatableResourcesResponse in protobuf JSON>}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+from google.protobuf import json_format
+
+from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
+
+
+@dataclass
+class PodResourcesState:
+    pods: list[pb.PodResources] = field(default_factory=list)
+    allocatable: pb.AllocatableResourcesResponse = field(default_factory=pb.AllocatableResourcesResponse)
+    delay_s: float = 0.0
+    allocatable_unimplemented: bool = False
+
+
+def short_socket_dir() -> Path:
+    """A fresh directory with a short path: unix socket paths are limited to 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix="otel-numa-sock-"))
+
+
+class _Lister(pb_grpc.PodResourcesListerServicer):
+    def __init__(self, server: PodResourcesServer) -> None:
+        self._server = server
+
+    def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
+        self._server.calls["List"] += 1
+        self._server.wait_delay(context)
+        return pb.ListPodResourcesResponse(pod_resources=self._server.state.pods)
+
+    def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: Any
+    ) -> pb.AllocatableResourcesResponse:
+        self._server.calls["GetAllocatableResources"] += 1
+        self._server.wait_delay(context)
+        if self._server.state.allocatable_unimplemented:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "unknown method GetAllocatableResources for service v1.PodResourcesLister",
+            )
+        response = pb.AllocatableResourcesResponse()
+        response.CopyFrom(self._server.state.allocatable)
+        return response
+
+
+class PodResourcesServer:
+    """A real ``grpc.server`` bound to ``unix://<socket_path>``; a context manager."""
+
+    def __init__(self, socket_path: Path | None = None, state: PodResourcesState | None = None) -> None:
+        self._owned_dir: Path | None = None
+        if socket_path is None:
+            self._owned_dir = short_socket_dir()
+            socket_path = self._owned_dir / "kubelet.sock"
+        self.socket_path = socket_path
+        self.state = state if state is not None else PodResourcesState()
+        self.calls: Counter[str] = Counter()
+        self._server: Any = None
+        self._stopping = threading.Event()
+
+    def start(self) -> Self:
+        self._stopping.clear()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)
+        self._server.add_insecure_port(f"unix://{self.socket_path}")
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket file, as a kubelet that exits does."""
+        self._stopping.set()  # wakes delayed handlers so their threads end now
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+        self.socket_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+
+    def wait_delay(self, context: Any) -> None:
+        if self.state.delay_s <= 0:
+            return
+        finished = threading.Event()
+        context.add_callback(finished.set)  # the client gave up or the server stopped
+        deadline = time.monotonic() + self.state.delay_s
+        while not finished.is_set() and not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            finished.wait(min(0.05, remaining))
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def load_state(path: Path) -> PodResourcesState:
+    document = json.loads(path.read_text())
+    pods = [json_format.ParseDict(pod, pb.PodResources()) for pod in document.get("pods", [])]
+    allocatable = json_format.ParseDict(document.get("allocatable", {}), pb.AllocatableResourcesResponse())
+    return PodResourcesState(pods=pods, allocatable=allocatable)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--state", type=Path, help="JSON file with pods and allocatable")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds each call waits first")
+    parser.add_argument("--allocatable-unimplemented", action="store_true")
+    args = parser.parse_args()
+
+    state = load_state(args.state) if args.state else PodResourcesState()
+    state.delay_s = args.delay
+    state.allocatable_unimplemented = args.allocatable_unimplemented
+    server = PodResourcesServer(args.socket, state).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print("ready", flush=True)
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()
