@@ -83,19 +83,19 @@ class Agent:
         self._stopped.set()
 
     def stop(self, timeout_s: float = 4.0) -> None:
-        """Flush and stop within ``timeout_s`` even with a dead collector."""
+        """Flush and stop within ``timeout_s``, even with a dead or hung collector."""
         deadline = time.monotonic() + timeout_s
+        push_stuck = False
         if self.scheduler is not None:
-            # a push in progress is bounded by the OTLP timeout; the final flush below is the last word
-            self.scheduler.stop(timeout_s=min(1.0, timeout_s / 4))
-        if self._prometheus_server is not None:
-            shutdown = getattr(self._prometheus_server, "shutdown", None)
+            self.scheduler.stop(timeout_s=0.5)
+            push_stuck = self.scheduler.running
+        for server in (self._prometheus_server, self._health):
+            shutdown = getattr(server, "shutdown", None) or getattr(server, "stop", None)
             if shutdown is not None:
                 shutdown()
         if self.pipeline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining > 1.0:
-                self.pipeline.push(timeout_s=min(self.settings.otlp_timeout, remaining - 0.5))
-            self.pipeline.shutdown(max(0.2, deadline - time.monotonic()))
-        if self._health is not None:
-            self._health.stop()
+            # One last export with what is left of the budget, unless a push is already hanging on the collector.
+            budget = min(self.settings.otlp_timeout, deadline - time.monotonic() - 0.5)
+            if not push_stuck and budget > 0.2:
+                self.pipeline.push(timeout_s=budget)
+            self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))

@@ -69,9 +69,18 @@ def load_settings(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
         settings = Settings(**given)
     except ValidationError as exc:
         error = exc.errors()[0]
-        name = ".".join(str(part) for part in error["loc"] if not isinstance(part, int)) or "settings"
+        name = _setting_name(str(error["loc"][0])) if error["loc"] else "settings"
         _die(f"invalid setting {name}: {error['msg']}")
     return settings, bool(args.once)
+
+
+def _setting_name(location: str) -> str:
+    """pydantic reports environment aliases (OTEL_NUMA_X) even for YAML input: name the setting itself."""
+    for name, info in Settings.model_fields.items():
+        choices = getattr(info.validation_alias, "choices", ())
+        if location == name or location in choices:
+            return name
+    return location
 
 
 def _check_config_file(path: Path) -> None:

@@ -40,6 +40,11 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread is still alive (after :meth:`stop`: stuck in a task)."""
+        return self._thread.is_alive()
+
     def run_once(self) -> None:
         for task in self._tasks:
             if self._stop.is_set():

@@ -60,6 +60,8 @@ def parse_host_port(value: str) -> tuple[str, int]:
 
 
 class Settings(BaseSettings):
+    # Aliases name environment variables only (never the bare field name, which would also match e.g. an
+    # unrelated EXPORTERS variable); populate_by_name keeps field names for flags and the YAML file.
     model_config = SettingsConfigDict(
         env_prefix="OTEL_NUMA_",
         extra="forbid",
@@ -79,23 +81,23 @@ class Settings(BaseSettings):
     container_logs_root: Path = Path("/var/log/containers")
     node_name: str = Field(
         default_factory=socket.gethostname,
-        validation_alias=AliasChoices("node_name", "OTEL_NUMA_NODE_NAME", "NODE_NAME"),
+        validation_alias=AliasChoices("OTEL_NUMA_NODE_NAME", "NODE_NAME"),
     )
     exporters: Annotated[tuple[ExporterName, ...], NoDecode] = Field(
-        default=("prometheus",), validation_alias=AliasChoices("exporters", "OTEL_NUMA_EXPORTERS")
+        default=("prometheus",), validation_alias=AliasChoices("OTEL_NUMA_EXPORTERS")
     )
     prometheus_address: str = "0.0.0.0:9464"
     health_address: str = "0.0.0.0:9465"
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices(
-            "otlp_endpoint", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
         ),
     )
     otlp_protocol: OtlpProtocol = Field(
         default="grpc",
         validation_alias=AliasChoices(
-            "otlp_protocol", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
         ),
     )
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)

@@ -272,7 +272,8 @@ def test_answer_above_four_mebibytes_needs_the_raised_limit(server: PodResources
             container.devices.add(
                 resource_name="example.com/accelerator",
                 device_ids=[
-                    f"ACC-{pod_index:08x}-{container_index:04x}-{index:04x}-9a1e-0c1d2e3f4a5b" for index in range(24)
+                    f"ACC-{pod_index:08x}-{container_index:04x}-{index:04x}-9a1e-0c1d2e3f4a5b"
+                    for index in range(24)
                 ],
                 topology=topology(0),
             )
@@ -282,16 +283,18 @@ def test_answer_above_four_mebibytes_needs_the_raised_limit(server: PodResources
 
     with PodResourcesClient(server.socket_path) as client:
         assert sum(len(pod.containers) for pod in client.list_pods()) == 4000
-    with PodResourcesClient(server.socket_path, max_message_bytes=4 * MiB) as small_client:
-        with pytest.raises(SourceUnavailable) as raised:
-            small_client.list_pods()
+    with (
+        PodResourcesClient(server.socket_path, max_message_bytes=4 * MiB) as small_client,
+        pytest.raises(SourceUnavailable) as raised,
+    ):
+        small_client.list_pods()
     assert raised.value.error_type == "resource_exhausted"
 
 
 def _start_server_process(socket_path: Path, state_file: Path) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tests.support.podresources_server", "--socket", str(socket_path)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.podresources_server", "--socket", str(socket_path)]
-        + ["--state", str(state_file)],
+        [*command, "--state", str(state_file)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -306,7 +309,9 @@ def test_kubelet_killed_and_restarted_in_another_process(socket_dir: Path, tmp_p
     socket_path = socket_dir / "kubelet.sock"
     state_file = tmp_path / "state.json"
     state_file.write_text(
-        json.dumps({"pods": [{"name": "db-0", "namespace": "prod", "containers": [{"name": "pg", "cpuIds": [7]}]}]})
+        json.dumps(
+            {"pods": [{"name": "db-0", "namespace": "prod", "containers": [{"name": "pg", "cpuIds": [7]}]}]}
+        )
     )
     client = PodResourcesClient(socket_path, timeout_s=2.0)
     process = _start_server_process(socket_path, state_file)

@@ -43,7 +43,7 @@ _V1_CPUACCT_DIRS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
 _QOS_DIR_NAMES: Mapping[str, QosClass] = {"burstable": "burstable", "besteffort": "besteffort"}
 # Pod UIDs are UUIDs, static pods use a hex hash; systemd names carry '_' for '-'.
 _CGROUPFS_POD = re.compile(r"pod([0-9a-fA-F][0-9a-fA-F-]*)")
-_SYSTEMD_POD = re.compile(r"(.*?)-pod([0-9a-fA-F][0-9a-fA-F_]*)\.slice")
+_SYSTEMD_POD = re.compile(r".*?-pod([0-9a-fA-F][0-9a-fA-F_]*)\.slice")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,}")
 _READ_CHUNK = 65536
 
@@ -126,20 +126,13 @@ def detect_cgroup_layout(cgroup_root: Path) -> CgroupLayout:
 # --- discovery -------------------------------------------------------------------------------------
 
 
-def _pod_of(name: str, parent_qos: QosClass) -> tuple[str, QosClass] | None:
-    """(pod UID, QoS class) when ``name`` is a pod cgroup directory."""
+def _pod_uid_of(name: str) -> str | None:
+    """The pod UID when ``name`` is a pod cgroup directory (``pod<uid>``, ``<parent>-pod<uid_>.slice``)."""
     if name.endswith(".slice"):
         match = _SYSTEMD_POD.fullmatch(name)
-        if match is None:
-            return None
-        prefix = match.group(1)
-        qos: QosClass = parent_qos
-        for qos_name, qos_class in _QOS_DIR_NAMES.items():
-            if prefix.endswith("-" + qos_name):
-                qos = qos_class
-        return match.group(2).replace("_", "-"), qos
+        return match.group(1).replace("_", "-") if match else None
     match = _CGROUPFS_POD.fullmatch(name)
-    return (match.group(1), parent_qos) if match else None
+    return match.group(1) if match else None
 
 
 def _qos_of_dir(name: str) -> QosClass | None:
@@ -160,17 +153,17 @@ def _container_id_of(name: str) -> str | None:
 def _pods_under(kubepods: str) -> Iterator[tuple[str, str, QosClass]]:
     """(pod directory, pod UID, QoS class) for every pod cgroup below one kubepods cgroup."""
     for entry in _child_dirs(kubepods):
-        pod = _pod_of(entry.name, "guaranteed")
-        if pod is not None:
-            yield entry.path, pod[0], pod[1]
+        pod_uid = _pod_uid_of(entry.name)
+        if pod_uid is not None:  # Guaranteed pods have no QoS level
+            yield entry.path, pod_uid, "guaranteed"
             continue
         qos = _qos_of_dir(entry.name)
         if qos is None:
             continue
         for pod_entry in _child_dirs(entry.path):
-            pod = _pod_of(pod_entry.name, qos)
-            if pod is not None:
-                yield pod_entry.path, pod[0], pod[1]
+            pod_uid = _pod_uid_of(pod_entry.name)
+            if pod_uid is not None:
+                yield pod_entry.path, pod_uid, qos
 
 
 def find_container_cgroups(cgroup_root: Path) -> tuple[ContainerCgroup, ...]:
@@ -287,7 +280,7 @@ def _int(text: str, context: str) -> int:
 def _v1_controller_dir(memory_dir: str, controller: str) -> str:
     """The same cgroup in another v1 hierarchy: ``<root>/memory/<rel>`` -> ``<root>/<controller>/<rel>``."""
     if memory_dir.endswith("/memory"):
-        return memory_dir
+        return memory_dir[: -len("memory")] + controller
     root, _, relative = memory_dir.rpartition("/memory/")
     return f"{root}/{controller}/{relative}"
 

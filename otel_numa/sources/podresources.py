@@ -75,15 +75,17 @@ def rpc_failure(exc: grpc.RpcError, what: str) -> SourceUnavailable:
 class UnixSocketChannel:
     """A gRPC channel to a unix socket, created lazily and replaced when the socket file is.
 
-    gRPC reconnects a channel by itself, but only after a back-off, and a restarted server creates a
-    new socket file; comparing the file's identity makes the first call after a restart succeed.
+    gRPC reconnects a channel by itself, but only after a back-off during which calls fail at once.
+    A restarted server creates a new socket file, so a channel is replaced when the file's identity
+    changes (inode numbers are reused, hence the change time too) and after a connection failure
+    (the caller closes it), and the first call to a restarted server succeeds.
     """
 
     def __init__(self, socket_path: Path, *, max_message_bytes: int) -> None:
         self._socket_path = socket_path
         self._max_message_bytes = max_message_bytes
         self._channel: Any = None
-        self._socket_identity: tuple[int, int] | None = None
+        self._socket_identity: tuple[int, int, int] | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -114,7 +116,7 @@ class UnixSocketChannel:
         self._channel = None
         self._socket_identity = None
 
-    def _current_socket_identity(self) -> tuple[int, int]:
+    def _current_socket_identity(self) -> tuple[int, int, int]:
         try:
             info = os.stat(self._socket_path)
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -124,7 +126,7 @@ class UnixSocketChannel:
             raise SourceUnavailable(f"{self._socket_path}: {exc.strerror or exc}") from exc
         if not stat.S_ISSOCK(info.st_mode):
             raise SourceUnavailable(f"{self._socket_path}: not a socket", error_type="not_a_socket")
-        return (info.st_dev, info.st_ino)
+        return (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
 class PodResourcesClient:
@@ -190,7 +192,10 @@ class PodResourcesClient:
             try:
                 return invoke(stub)
             except grpc.RpcError as exc:
-                raise rpc_failure(exc, f"{self._channel.socket_path} {method}") from exc
+                failure = rpc_failure(exc, f"{self._channel.socket_path} {method}")
+                if failure.error_type == "unavailable":
+                    self._channel.close()  # the next call connects afresh instead of backing off
+                raise failure from exc
 
 
 def _numa_ids(topology: pb.TopologyInfo) -> tuple[int, ...]:

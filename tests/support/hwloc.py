@@ -62,7 +62,18 @@ def run_lstopo(fsroot: Path) -> str:
     PCI discovery, which the topology does not need.
     """
     env = {key: value for key, value in os.environ.items() if not key.startswith("HWLOC_")}
-    command = [lstopo_path(), "-i", str(fsroot), "--if", "fsroot", "--disallowed", "--no-io", "--of", "xml", "-"]
+    command = [
+        lstopo_path(),
+        "-i",
+        str(fsroot),
+        "--if",
+        "fsroot",
+        "--disallowed",
+        "--no-io",
+        "--of",
+        "xml",
+        "-",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
     if done.returncode != 0:
         raise AssertionError(f"lstopo failed on {fsroot} ({done.returncode}): {done.stderr.strip()}")
@@ -100,7 +111,9 @@ def parse_lstopo_xml(text: str) -> HwlocTopology:
         cpus = frozenset(
             int(pu.get("os_index", "-1")) for pu in parent.iter("object") if pu.get("type") == "PU"
         )
-        page_types = [(int(pt.get("size", "0")), int(pt.get("count", "0"))) for pt in element.findall("page_type")]
+        page_types = [
+            (int(pt.get("size", "0")), int(pt.get("count", "0"))) for pt in element.findall("page_type")
+        ]
         base = page_types[0][0] if page_types else 0
         os_index = int(element.get("os_index", "-1"))
         nodes[os_index] = HwlocNode(

@@ -102,14 +102,15 @@ def run_agent(
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
     agent = AgentProcess(process, prometheus_port, health_port, log_path)
     try:
-        wait_for(
-            lambda: process.poll() is None and http_get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200,
-            30,
-            "the agent to be ready",
-        )
+        try:
+            wait_for(
+                lambda: process.poll() is None and http_get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200,
+                30,
+                "the agent to be ready",
+            )
+        except AssertionError:
+            raise AssertionError(f"agent did not start; exit={process.poll()} log:\n{agent.log()}") from None
         yield agent
-    except AssertionError:
-        raise AssertionError(f"agent did not start; exit={process.poll()} log:\n{agent.log()}") from None
     finally:
         if process.poll() is None:
             process.kill()

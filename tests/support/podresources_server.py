@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,15 +61,13 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
         self._server = server
 
     def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
-        self._server.calls["List"] += 1
-        self._server.wait_delay(context)
+        self._server.begin_call("List", context, self._server.state.delay_s)
         return pb.ListPodResourcesResponse(pod_resources=self._server.state.pods)
 
     def GetAllocatableResources(
         self, request: pb.AllocatableResourcesRequest, context: Any
     ) -> pb.AllocatableResourcesResponse:
-        self._server.calls["GetAllocatableResources"] += 1
-        self._server.wait_delay(context)
+        self._server.begin_call("GetAllocatableResources", context, self._server.state.delay_s)
         if self._server.state.allocatable_unimplemented:
             context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
@@ -79,30 +78,40 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
         return response
 
 
-class PodResourcesServer:
-    """A real ``grpc.server`` bound to ``unix://<socket_path>``; a context manager."""
+class UnixGrpcServer:
+    """A real ``grpc.server`` bound to ``unix://<socket_path>``; a context manager.
 
-    def __init__(self, socket_path: Path | None = None, state: PodResourcesState | None = None) -> None:
+    Without a socket path it binds in a fresh short-named directory of its own. ``calls`` counts the
+    calls per method; ``on_call`` (if set) runs at the start of every call with the method name, so a
+    test can change the state between two calls of one client operation.
+    """
+
+    socket_name = "server.sock"
+
+    def __init__(self, socket_path: Path | None = None) -> None:
         self._owned_dir: Path | None = None
         if socket_path is None:
             self._owned_dir = short_socket_dir()
-            socket_path = self._owned_dir / "kubelet.sock"
+            socket_path = self._owned_dir / self.socket_name
         self.socket_path = socket_path
-        self.state = state if state is not None else PodResourcesState()
         self.calls: Counter[str] = Counter()
+        self.on_call: Callable[[str], None] | None = None
         self._server: Any = None
         self._stopping = threading.Event()
+
+    def add_servicers(self, server: Any) -> None:
+        raise NotImplementedError
 
     def start(self) -> Self:
         self._stopping.clear()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        pb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)
+        self.add_servicers(self._server)
         self._server.add_insecure_port(f"unix://{self.socket_path}")
         self._server.start()
         return self
 
     def stop(self) -> None:
-        """Stop serving and remove the socket file, as a kubelet that exits does."""
+        """Stop serving; gRPC removes the socket file, as a server that exits cleanly does."""
         self._stopping.set()  # wakes delayed handlers so their threads end now
         if self._server is not None:
             self._server.stop(grace=None).wait()
@@ -114,12 +123,16 @@ class PodResourcesServer:
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
 
-    def wait_delay(self, context: Any) -> None:
-        if self.state.delay_s <= 0:
+    def begin_call(self, method: str, context: Any, delay_s: float) -> None:
+        """Count the call, run ``on_call``, then wait ``delay_s`` unless the call ends first."""
+        self.calls[method] += 1
+        if self.on_call is not None:
+            self.on_call(method)
+        if delay_s <= 0:
             return
         finished = threading.Event()
         context.add_callback(finished.set)  # the client gave up or the server stopped
-        deadline = time.monotonic() + self.state.delay_s
+        deadline = time.monotonic() + delay_s
         while not finished.is_set() and not self._stopping.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -136,6 +149,28 @@ class PodResourcesServer:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class PodResourcesServer(UnixGrpcServer):
+    socket_name = "kubelet.sock"
+
+    def __init__(self, socket_path: Path | None = None, state: PodResourcesState | None = None) -> None:
+        super().__init__(socket_path)
+        self.state = state if state is not None else PodResourcesState()
+
+    def add_servicers(self, server: Any) -> None:
+        pb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
+
+
+def run_until_signalled(server: UnixGrpcServer) -> None:
+    """Serve until SIGTERM or SIGINT, after printing ``ready`` for the parent process."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server.start()
+    print("ready", flush=True)
+    stop.wait()
+    server.stop()
 
 
 def load_state(path: Path) -> PodResourcesState:
@@ -156,13 +191,7 @@ def main() -> None:
     state = load_state(args.state) if args.state else PodResourcesState()
     state.delay_s = args.delay
     state.allocatable_unimplemented = args.allocatable_unimplemented
-    server = PodResourcesServer(args.socket, state).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print("ready", flush=True)
-    stop.wait()
-    server.stop()
+    run_until_signalled(PodResourcesServer(args.socket, state))
 
 
 if __name__ == "__main__":

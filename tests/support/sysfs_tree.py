@@ -153,7 +153,8 @@ def format_proc_stat(ticks_by_cpu: Mapping[int, Sequence[int]]) -> str:
 
 def write_file(path: Path, text: str) -> Path:
     """Write ``text`` to ``path``, creating its parents."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
     path.write_text(text)
     return path
 
@@ -223,10 +224,10 @@ def _write_cpu_dir(
 ) -> None:
     cpu_dir.mkdir(parents=True, exist_ok=True)
     for cpu in possible:
-        (cpu_dir / f"cpu{cpu}").mkdir(exist_ok=True)
+        (cpu_dir / f"cpu{cpu}").mkdir()
         # cpu0 usually cannot be unplugged and then has no "online" file at all
         if cpu != 0 or cpu not in online:
-            write_file(cpu_dir / f"cpu{cpu}" / "online", "1\n" if cpu in online else "0\n")
+            (cpu_dir / f"cpu{cpu}" / "online").write_text("1\n" if cpu in online else "0\n")
     if online_file:
         write_file(cpu_dir / "online", format_cpulist(online) + "\n")
         write_file(cpu_dir / "offline", format_cpulist(set(possible) - set(online)) + "\n")

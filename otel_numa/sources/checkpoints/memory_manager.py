@@ -1,0 +1,275 @@
+"""The kubelet's memory manager checkpoint (``<kubelet-root>/memory_manager_state``), verified as the kubelet
+does.
+
+Layouts, all JSON objects:
+
+- v1 (Kubernetes 1.21+): ``policyName``, ``machineState`` (NUMA id -> ``numberOfAssignments``,
+  ``memoryMap`` of resource -> ``total``/``systemReserved``/``allocatable``/``reserved``/``free``, ``cells``),
+  ``entries`` (pod UID -> container -> blocks of ``numaAffinity``, ``type``, ``size``), ``checksum``;
+- v2: v1 plus ``podEntries`` (pod UID -> ``{"memoryBlocks": [...]}``);
+- v3: a ``data`` string holding the v2 members as JSON, and ``dataChecksum``, which alone decide.
+
+v1 and v2 carry ``checksum`` (FNV-1a 32 of the spew text, type named ``MemoryManagerCheckpoint`` or, for some
+builds, ``MemoryManagerCheckpointV1``/``V2``). A stored checksum of 0 is accepted, as by the kubelet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from otel_numa.sources.checkpoints.common import (
+    INVALID_VALUE,
+    Layout,
+    Verified,
+    parse_top_object,
+    read_checkpoint_bytes,
+    verify_data_layout,
+    verify_layouts,
+    with_path,
+)
+from otel_numa.sources.checkpoints.gojson import (
+    INT,
+    PARSE_ERROR,
+    STRING,
+    UINT64,
+    GoField,
+    GoInt,
+    GoMap,
+    GoPointer,
+    GoSlice,
+    GoString,
+    GoStruct,
+    GoType,
+    GoValue,
+    StructValue,
+    zero_value,
+)
+from otel_numa.sources.errors import SourceCorrupt, SourceError
+
+WHAT = "memory_manager_state"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTable:
+    """One resource on one NUMA node, in bytes (hugepages too): ``reserved`` is what containers hold."""
+
+    total: int
+    system_reserved: int
+    allocatable: int
+    reserved: int
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class NumaMemoryState:
+    """``memory_map`` keys are resource names: ``memory``, ``hugepages-2Mi``, ``hugepages-1Gi``, ..."""
+
+    number_of_assignments: int
+    cells: tuple[int, ...]
+    memory_map: Mapping[str, MemoryTable]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBlock:
+    numa_affinity: tuple[int, ...]
+    resource: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryManagerState:
+    """A verified memory manager checkpoint.
+
+    ``entries`` maps pod UID -> container name -> blocks; ``pod_entries`` (v2, v3) maps pod UID -> the
+    pod's blocks. Entries of deleted pods stay until the kubelet's next allocation: callers drop them.
+    """
+
+    policy_name: str
+    machine_state: Mapping[int, NumaMemoryState]
+    entries: Mapping[str, Mapping[str, tuple[MemoryBlock, ...]]]
+    layout: str = "v2"
+    pod_entries: Mapping[str, tuple[MemoryBlock, ...]] = field(default_factory=dict)
+    checksum_verified: bool = True
+
+
+# ----------------------------------------------------------------------------------------- Go types
+
+_CHECKSUM = GoInt("checksum.Checksum", signed=False)
+_RESOURCE = GoString("v1.ResourceName")
+_INTS = GoSlice("[]int", INT)
+_MEMORY_TABLE = GoStruct(
+    "state.MemoryTable",
+    (
+        GoField("TotalMemSize", "total", UINT64),
+        GoField("SystemReserved", "systemReserved", UINT64),
+        GoField("Allocatable", "allocatable", UINT64),
+        GoField("Reserved", "reserved", UINT64),
+        GoField("Free", "free", UINT64),
+    ),
+)
+_NUMA_NODE_STATE = GoStruct(
+    "state.NUMANodeState",
+    (
+        GoField("NumberOfAssignments", "numberOfAssignments", INT),
+        GoField(
+            "MemoryMap",
+            "memoryMap",
+            GoMap("map[v1.ResourceName]*state.MemoryTable", _RESOURCE, GoPointer("*state.MemoryTable", _MEMORY_TABLE)),
+        ),
+        GoField("Cells", "cells", _INTS),
+    ),
+)
+_NUMA_NODE_MAP = GoMap("state.NUMANodeMap", INT, GoPointer("*state.NUMANodeState", _NUMA_NODE_STATE))
+_BLOCK = GoStruct(
+    "state.Block",
+    (
+        GoField("NUMAAffinity", "numaAffinity", _INTS),
+        GoField("Type", "type", _RESOURCE),
+        GoField("Size", "size", UINT64),
+    ),
+)
+_BLOCKS = GoSlice("[]state.Block", _BLOCK)
+_CONTAINER_ASSIGNMENTS = GoMap(
+    "state.ContainerMemoryAssignments", STRING, GoMap("map[string][]state.Block", STRING, _BLOCKS)
+)
+_POD_ASSIGNMENTS = GoMap(
+    "state.PodMemoryAssignments", STRING, GoStruct("state.PodEntry", (GoField("MemoryBlocks", "memoryBlocks", _BLOCKS),))
+)
+
+_POLICY = GoField("PolicyName", "policyName", STRING)
+_MACHINE_STATE = GoField("MachineState", "machineState", _NUMA_NODE_MAP)
+_ENTRIES = GoField("Entries", "entries", _CONTAINER_ASSIGNMENTS)
+_POD_ENTRIES = GoField("PodEntries", "podEntries", _POD_ASSIGNMENTS)
+_CHECKSUM_FIELD = GoField("Checksum", "checksum", _CHECKSUM)
+
+_V3_TOP = GoStruct(
+    "state.MemoryManagerCheckpoint",
+    (
+        _POLICY,
+        _MACHINE_STATE,
+        _ENTRIES,
+        _CHECKSUM_FIELD,
+        GoField("Data", "data", STRING),
+        GoField("DataChecksum", "dataChecksum", _CHECKSUM),
+    ),
+)
+_V3_DATA = GoStruct("state.MemoryManagerCheckpointData", (_POLICY, _MACHINE_STATE, _ENTRIES, _POD_ENTRIES))
+
+
+def _with_empty_maps(go_type: GoStruct) -> StructValue:
+    # the kubelet's constructors start with empty (not nil) maps
+    value = cast(StructValue, zero_value(go_type))
+    for name in ("MachineState", "Entries", "PodEntries"):
+        if name in value:
+            value[name] = {}
+    return value
+
+
+def _layout(name: str, version_type: str, pod_entries: bool) -> Layout:
+    fields = (_POLICY, _MACHINE_STATE, _ENTRIES, _POD_ENTRIES) if pod_entries else (_POLICY, _MACHINE_STATE, _ENTRIES)
+    struct = GoStruct(f"state.{version_type}", (*fields, _CHECKSUM_FIELD))
+    pointer = GoPointer(f"*state.{version_type}", struct)
+
+    def hashed(value: StructValue) -> tuple[GoType, GoValue]:
+        return pointer, {**value, "Checksum": 0}
+
+    return Layout(
+        name=name,
+        go_type=struct,
+        make_initial=lambda: _with_empty_maps(struct),
+        hashed=hashed,
+        hash_variants=(((version_type, "MemoryManagerCheckpoint", 1),), ()),
+    )
+
+
+_V1 = _layout("v1", "MemoryManagerCheckpointV1", pod_entries=False)
+_V2 = _layout("v2", "MemoryManagerCheckpointV2", pod_entries=True)
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+
+def _invalid(message: str) -> SourceCorrupt:
+    return SourceCorrupt(f"{WHAT}: {message}", error_type=INVALID_VALUE)
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    return tuple(cast(list[int], value)) if isinstance(value, list) else ()
+
+
+def _blocks(value: object) -> tuple[MemoryBlock, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        MemoryBlock(numa_affinity=_ints(block["NUMAAffinity"]), resource=str(block["Type"]), size=int(block["Size"]))
+        for block in cast(list[StructValue], value)
+    )
+
+
+def _numa_state(numa: int, raw: object) -> NumaMemoryState:
+    if numa < 0:
+        raise _invalid(f"negative NUMA node id {numa}")
+    if not isinstance(raw, dict):
+        raise _invalid(f"NUMA node {numa} has no state")
+    tables: dict[str, MemoryTable] = {}
+    for resource, table in cast(dict[str, StructValue | None], raw["MemoryMap"] or {}).items():
+        if table is None:
+            raise _invalid(f"NUMA node {numa} has no table for {resource}")
+        tables[resource] = MemoryTable(
+            total=int(table["TotalMemSize"]),
+            system_reserved=int(table["SystemReserved"]),
+            allocatable=int(table["Allocatable"]),
+            reserved=int(table["Reserved"]),
+            free=int(table["Free"]),
+        )
+    return NumaMemoryState(
+        number_of_assignments=int(raw["NumberOfAssignments"]), cells=_ints(raw["Cells"]), memory_map=tables
+    )
+
+
+def _state(verified: Verified) -> MemoryManagerState:
+    value = verified.value
+    policy = str(value["PolicyName"])
+    if not policy:
+        raise _invalid("no policy name")
+    machine = cast(dict[int, object], value["MachineState"] or {})
+    entries = cast(dict[str, dict[str, object] | None], value["Entries"] or {})
+    pods = cast(dict[str, StructValue], value.get("PodEntries") or {})
+    return MemoryManagerState(
+        policy_name=policy,
+        machine_state={numa: _numa_state(numa, raw) for numa, raw in sorted(machine.items())},
+        entries={
+            pod: {container: _blocks(blocks) for container, blocks in (containers or {}).items()}
+            for pod, containers in entries.items()
+        },
+        layout=verified.layout,
+        pod_entries={pod: _blocks(entry["MemoryBlocks"]) for pod, entry in pods.items()},
+        checksum_verified=verified.checksum_verified,
+    )
+
+
+def parse_memory_manager_state(data: bytes) -> MemoryManagerState:
+    """Decode and verify a memory manager checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
+    try:
+        top = parse_top_object(data, WHAT)
+        verified = verify_data_layout(top, _V3_TOP, _V3_DATA, _with_empty_maps, "v3", WHAT)
+        if verified is None:
+            has_pod_entries = any(key.lower() == "podentries" for key, _ in top.members)
+            verified = verify_layouts(top, (_V2, _V1) if has_pod_entries else (_V1, _V2), WHAT)
+        return _state(verified)
+    except SourceError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise SourceCorrupt(f"{WHAT}: {exc}", error_type=PARSE_ERROR) from exc
+
+
+def read_memory_manager_state(path: Path) -> MemoryManagerState:
+    """Read and verify ``path`` (read-only); SourceMissing when it does not exist."""
+    data = read_checkpoint_bytes(path)
+    try:
+        return parse_memory_manager_state(data)
+    except SourceError as exc:
+        raise with_path(path, exc) from exc

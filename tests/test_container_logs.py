@@ -1,0 +1,77 @@
+"""Container identities from the names of the kubelet's log symlinks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from otel_numa.sources.container_logs import (
+    ContainerIdentity,
+    parse_container_log_name,
+    read_container_identities,
+)
+from otel_numa.sources.errors import SourceMissing
+
+ID_1 = "4f2d8b1c9e0a7d6f5b3c2a1908e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b"
+ID_2 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+ID_3 = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"
+
+
+def _link(root: Path, name: str, target: str = "/var/log/pods/x/y/0.log") -> None:
+    os.symlink(target, root / name)  # dangling on purpose: only the name is read
+
+
+def test_names_split_with_dashes_everywhere(tmp_path: Path) -> None:
+    _link(tmp_path, f"coredns-5d78c9869d-x7k2p_kube-system_coredns-{ID_1}.log")
+    _link(tmp_path, f"web-0_shop-prod_istio-proxy-{ID_2}.log")
+    _link(tmp_path, f"etcd-node-1.example.com_kube-system_etcd-{ID_3}.log")
+
+    assert read_container_identities(tmp_path) == {
+        ID_1: ContainerIdentity("coredns-5d78c9869d-x7k2p", "kube-system", "coredns", ID_1),
+        ID_2: ContainerIdentity("web-0", "shop-prod", "istio-proxy", ID_2),
+        ID_3: ContainerIdentity("etcd-node-1.example.com", "kube-system", "etcd", ID_3),
+    }
+
+
+def test_container_name_ending_in_hex_like_words(tmp_path: Path) -> None:
+    _link(tmp_path, f"job-abc_batch_worker-beef-{ID_1}.log")
+    assert read_container_identities(tmp_path)[ID_1].container_name == "worker-beef"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"pod_ns_ctr-{ID_1[:63]}.log",  # id too short
+        f"pod_ns_ctr-{ID_1}g.log",  # not hex
+        f"pod_ns_ctr-{ID_1.upper()}.log",  # runtimes write lowercase ids
+        f"pod_ns_ctr-{ID_1}.log.1",  # rotated copy
+        f"pod_ns_ctr_{ID_1}.log",  # no '-' before the id
+        f"pod_ctr-{ID_1}.log",  # namespace missing
+        f"pod_ns_extra_ctr-{ID_1}.log",  # names never contain '_'
+        f"pod_ns_-{ID_1}.log",  # empty container name
+        "README",
+    ],
+)
+def test_other_names_are_ignored(name: str) -> None:
+    assert parse_container_log_name(name) is None
+
+
+def test_directory_with_foreign_files(tmp_path: Path) -> None:
+    _link(tmp_path, f"a_b_c-{ID_1}.log")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "subdir").mkdir()
+    assert list(read_container_identities(tmp_path)) == [ID_1]
+
+
+def test_empty_directory(tmp_path: Path) -> None:
+    assert read_container_identities(tmp_path) == {}
+
+
+def test_missing_root(tmp_path: Path) -> None:
+    with pytest.raises(SourceMissing):
+        read_container_identities(tmp_path / "containers")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SourceMissing):
+        read_container_identities(tmp_path / "file")
