@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from otel_numa.sources.checkpoints.cpu_manager import CpuManagerState
+from otel_numa.sources.checkpoints.device_manager import DeviceManagerState
+from otel_numa.sources.checkpoints.memory_manager import MemoryManagerState
 from otel_numa.sources.sysfs import HugepagePool, NodeMemory, Topology
 
 NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
@@ -80,3 +83,187 @@ def cpu_time_by_node(
 def cpus_per_node(cpus: frozenset[int], topology: Topology) -> dict[int, int]:
     """How many of ``cpus`` each node holds (every node listed, 0 included)."""
     return {node.id: len(cpus & node.cpus) for node in topology.nodes}
+
+
+# Allocation from the kubelet's checkpoints ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletState:
+    """The kubelet's checkpoints (each ``None`` when absent or rejected this round) and who is alive."""
+
+    cpu: CpuManagerState | None = None
+    memory: MemoryManagerState | None = None
+    devices: DeviceManagerState | None = None
+    # UIDs of pods that exist (podresources' answer, else <kubelet-root>/pods/); None: unknown, keep all
+    live_pods: frozenset[str] | None = None
+    pod_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
+    # podresources' allocatable view; it wins over what the checkpoints and settings imply
+    allocatable_cpus: frozenset[int] | None = None
+    allocatable_devices: Mapping[DeviceKey, int] | None = None
+
+
+def device_numa(numa_ids: Iterable[int]) -> int:
+    """A device listed under several NUMA nodes counts once, under the lowest real id it lists (else -1)."""
+    real = [numa for numa in numa_ids if numa >= 0]
+    return min(real) if real else NO_NUMA
+
+
+def compute_allocation(
+    state: KubeletState, topology: Topology, reserved_cpus: frozenset[int] | None
+) -> Allocation:
+    """Per-NUMA and per-container allocation; quantities that cannot be known stay ``None``."""
+
+    def live(uid: str) -> bool:
+        return state.live_pods is None or uid in state.live_pods
+
+    containers: dict[tuple[str, str], _ContainerTotals] = {}
+
+    def totals(uid: str, name: str) -> _ContainerTotals:
+        key = (uid, name)
+        if key not in containers:
+            containers[key] = _ContainerTotals()
+        return containers[key]
+
+    cpu_allocated = _cpu_allocated(state, topology, live, totals)
+    memory = _memory_allocation(state, live, totals)
+    device_allocated = _device_allocated(state, live, totals)
+
+    return Allocation(
+        cpu_allocatable=_cpu_allocatable(state, topology, reserved_cpus),
+        cpu_allocated=cpu_allocated,
+        memory_allocatable=memory[0],
+        memory_allocated=memory[1],
+        hugepages_allocatable=memory[2],
+        hugepages_allocated=memory[3],
+        device_capacity=dict(state.allocatable_devices) if state.allocatable_devices is not None else None,
+        device_allocated=device_allocated,
+        containers=tuple(
+            totals_.freeze(_container_ref(uid, name, state.pod_names))
+            for (uid, name), totals_ in sorted(containers.items())
+        ),
+    )
+
+
+@dataclass
+class _ContainerTotals:
+    cpus: dict[int, int] = field(default_factory=dict)
+    memory: dict[int, int] = field(default_factory=dict)
+    hugepages: dict[HugepageKey, int] = field(default_factory=dict)
+    devices: dict[DeviceKey, int] = field(default_factory=dict)
+
+    def freeze(self, ref: ContainerRef) -> ContainerAllocation:
+        return ContainerAllocation(ref, self.cpus, self.memory, self.hugepages, self.devices)
+
+
+def _container_ref(uid: str, name: str, pod_names: Mapping[str, tuple[str, str]]) -> ContainerRef:
+    namespace, pod = pod_names.get(uid, (None, None))
+    return ContainerRef(pod_uid=uid, container_name=name, pod_name=pod, namespace=namespace)
+
+
+def _cpu_allocatable(
+    state: KubeletState, topology: Topology, reserved_cpus: frozenset[int] | None
+) -> dict[int, int] | None:
+    if state.allocatable_cpus is not None:
+        return cpus_per_node(state.allocatable_cpus, topology)
+    if reserved_cpus is not None:
+        return {node.id: len(node.cpus - reserved_cpus) for node in topology.nodes}
+    return None
+
+
+def _cpu_allocated(
+    state: KubeletState,
+    topology: Topology,
+    live: Callable[[str], bool],
+    totals: Callable[[str, str], _ContainerTotals],
+) -> dict[int, int] | None:
+    if state.cpu is None:
+        return None
+    exclusive: set[int] = set()
+    for owner, by_container in state.cpu.entries.items():
+        # v1 (<= 1.17) keys entries by container id: no pod UID, so no liveness check and no per-container series
+        if state.cpu.entries_keyed_by_container_id:
+            for cpus in by_container.values():
+                exclusive |= cpus
+            continue
+        if not live(owner):
+            continue
+        for container, cpus in by_container.items():
+            exclusive |= cpus
+            per_node = {numa: count for numa, count in cpus_per_node(cpus, topology).items() if count}
+            if per_node:
+                totals(owner, container).cpus.update(per_node)
+    # v3 pod-level CPU sets are exclusive too (a union: they may overlap their containers' sets)
+    for owner, cpus in state.cpu.pod_entries.items():
+        if live(owner):
+            exclusive |= cpus
+    return cpus_per_node(frozenset(exclusive), topology)
+
+
+_HUGEPAGES_PREFIX = "hugepages-"
+
+
+def _memory_allocation(
+    state: KubeletState, live: Callable[[str], bool], totals: Callable[[str, str], _ContainerTotals]
+) -> tuple[
+    dict[int, int] | None, dict[int, int] | None, dict[HugepageKey, int] | None, dict[HugepageKey, int] | None
+]:
+    memory = state.memory
+    if memory is None or not memory.machine_state:  # policy None keeps no machine state: unknown, not 0
+        return None, None, None, None
+    allocatable: dict[int, int] = {}
+    allocated: dict[int, int] = {}
+    hp_allocatable: dict[HugepageKey, int] = {}
+    hp_allocated: dict[HugepageKey, int] = {}
+    # The machine state is authoritative for the per-NUMA totals.
+    for numa, numa_state in memory.machine_state.items():
+        for resource, table in numa_state.memory_map.items():
+            if resource == "memory":
+                allocatable[numa] = table.allocatable
+                allocated[numa] = table.reserved
+            elif resource.startswith(_HUGEPAGES_PREFIX):
+                key = (numa, resource[len(_HUGEPAGES_PREFIX) :])
+                hp_allocatable[key] = table.allocatable
+                hp_allocated[key] = table.reserved
+    for uid, by_container in memory.entries.items():
+        if not live(uid):
+            continue
+        for container, blocks in by_container.items():
+            container_totals = totals(uid, container)
+            for block in blocks:
+                # a block spanning several nodes is put whole on the lowest one
+                numa = min(block.numa_affinity) if block.numa_affinity else NO_NUMA
+                if block.resource == "memory":
+                    container_totals.memory[numa] = container_totals.memory.get(numa, 0) + block.size
+                elif block.resource.startswith(_HUGEPAGES_PREFIX):
+                    hp_key = (numa, block.resource[len(_HUGEPAGES_PREFIX) :])
+                    container_totals.hugepages[hp_key] = (
+                        container_totals.hugepages.get(hp_key, 0) + block.size
+                    )
+    return allocatable, allocated, hp_allocatable, hp_allocated
+
+
+def _device_allocated(
+    state: KubeletState, live: Callable[[str], bool], totals: Callable[[str, str], _ContainerTotals]
+) -> dict[DeviceKey, int] | None:
+    if state.devices is None:
+        return None
+    # device id -> every NUMA id it is listed under, per resource, over live containers
+    placements: dict[tuple[str, str], set[int]] = {}
+    owners: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for entry in state.devices.entries:
+        if not live(entry.pod_uid):
+            continue
+        for numa, device_ids in entry.devices_by_numa.items():
+            for device_id in device_ids:
+                device = (entry.resource_name, device_id)
+                placements.setdefault(device, set()).add(numa)
+                owners.setdefault(device, set()).add((entry.pod_uid, entry.container_name))
+    allocated: dict[DeviceKey, int] = {}
+    for device, numa_ids in placements.items():
+        key = (device_numa(numa_ids), device[0])
+        allocated[key] = allocated.get(key, 0) + 1
+        for uid, container in owners[device]:
+            devices = totals(uid, container).devices
+            devices[key] = devices.get(key, 0) + 1
+    return allocated

@@ -8,7 +8,8 @@ import time
 
 from prometheus_client import generate_latest, start_http_server
 
-from otel_numa.accounting import Allocation
+from otel_numa.accounting import Allocation, KubeletState, compute_allocation
+from otel_numa.collectors.kubelet import KubeletCollector
 from otel_numa.collectors.machine import MachineCollector
 from otel_numa.health_server import HealthServer
 from otel_numa.pipeline import Pipeline, build_pipeline
@@ -16,6 +17,7 @@ from otel_numa.scheduler import Scheduler
 from otel_numa.settings import Settings, parse_host_port
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
+from otel_numa.sources.sysfs import Topology
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,9 @@ class Agent:
         self.settings = settings
         self.sources = SourceRegistry()
         self._machine = MachineCollector(settings.sysfs_root, settings.procfs_root, self.sources)
+        self._kubelet = KubeletCollector(settings.kubelet_root, settings.pod_logs_root, self.sources)
+        self._allocation_inputs: tuple[object, ...] = ()
+        self._allocation = Allocation()
         self.store = SnapshotStore(self._build_snapshot)
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
@@ -34,12 +39,23 @@ class Agent:
 
     def _build_snapshot(self) -> Snapshot:
         machine = self._machine.collect()
+        kubelet = self._kubelet.collect()
         return Snapshot(
             taken_at=time.monotonic(),
             machine=machine,
-            allocation=Allocation(),
+            allocation=self._account(kubelet, machine.topology) if machine is not None else Allocation(),
             sources=self.sources.reports(),
         )
+
+    def _account(self, kubelet: KubeletState, topology: Topology) -> Allocation:
+        """Accounting is redone only when an input changed (collectors hand back the same objects otherwise)."""
+        inputs = (topology, *(getattr(kubelet, name) for name in KubeletState.__slots__))
+        if len(inputs) != len(self._allocation_inputs) or any(
+            new is not old for new, old in zip(inputs, self._allocation_inputs, strict=True)
+        ):
+            self._allocation = compute_allocation(kubelet, topology, self.settings.reserved_cpus)
+            self._allocation_inputs = inputs
+        return self._allocation
 
     # One-shot mode ------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
@@ -222,7 +222,9 @@ def test_security_context_is_restrictive(pod: dict[str, Any], agent: dict[str, A
     assert set(context["capabilities"].get("add", [])) <= {"DAC_READ_SEARCH"}
 
 
-def test_prometheus_annotations_name_the_metrics_port(daemonset: dict[str, Any], agent: dict[str, Any]) -> None:
+def test_prometheus_annotations_name_the_metrics_port(
+    daemonset: dict[str, Any], agent: dict[str, Any]
+) -> None:
     annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/path"] == "/metrics"
@@ -307,7 +309,9 @@ def test_gateway_reads_its_config_map(gateway_config: dict[str, Any]) -> None:
     deployment = find("Deployment", "otel-numa-gateway")
     template = deployment["spec"]["template"]["spec"]
     collector = template["containers"][0]
-    config_volume = next(v for v in template["volumes"] if v.get("configMap", {}).get("name") == "otel-numa-gateway")
+    config_volume = next(
+        v for v in template["volumes"] if v.get("configMap", {}).get("name") == "otel-numa-gateway"
+    )
     mount = next(m for m in collector["volumeMounts"] if m["name"] == config_volume["name"])
     assert f"--config={mount['mountPath']}/config.yaml" in collector["args"]
 

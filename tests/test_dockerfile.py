@@ -199,7 +199,12 @@ def test_every_copy_source_is_in_the_build_context(stages: list[Stage]) -> None:
 
 def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
     patterns = read_dockerignore()
-    for leaked in (".venv/bin/python", ".git/HEAD", "tests/test_dockerfile.py", "otel_numa/__pycache__/x.pyc"):
+    for leaked in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "tests/test_dockerfile.py",
+        "otel_numa/__pycache__/x.pyc",
+    ):
         assert dockerignore_excludes(patterns, leaked), leaked
     for needed in ("pyproject.toml", "otel_numa/__init__.py", "otel_numa/sources/files.py"):
         assert not dockerignore_excludes(patterns, needed), needed
@@ -217,7 +222,7 @@ def test_final_stage_installs_only_the_built_wheels(stages: list[Stage], final: 
     builder = stages[0].name
     for instruction in runs:
         text = instruction.arguments
-        assert "apt-get" not in text and "apk " not in text, f"line {instruction.line} installs system packages"
+        assert "apt-get" not in text and "apk " not in text, f"line {instruction.line}: system packages"
         for tool in BUILD_TOOLS:
             assert not re.search(rf"(^|\s){re.escape(tool)}(\s|$)", text), f"line {instruction.line}: {tool}"
         if "pip install" in text:
@@ -225,7 +230,7 @@ def test_final_stage_installs_only_the_built_wheels(stages: list[Stage], final: 
             assert f"from={builder}" in text, "the wheels come from the builder stage"
         assert "pip wheel" not in text
     for instruction in final.all("COPY") + final.all("ADD"):
-        flags, sources = copy_sources(instruction)
+        flags, _ = copy_sources(instruction)
         assert "from" in flags, f"line {instruction.line}: the final stage copies from the build context"
 
 
@@ -254,7 +259,7 @@ def healthcheck_command(final: Stage) -> list[str]:
     checks = final.all("HEALTHCHECK")
     assert len(checks) == 1, "exactly one HEALTHCHECK"
     arguments = checks[0].arguments
-    flags_part, _, command = arguments.partition("CMD ")
+    _, _, command = arguments.partition("CMD ")
     assert command, "HEALTHCHECK must run a command"
     parsed = json.loads(command)
     assert isinstance(parsed, list) and all(isinstance(word, str) for word in parsed)
@@ -290,7 +295,7 @@ def run_healthcheck(final: Stage, port: int) -> int:
 
 @pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
 def test_healthcheck_follows_the_endpoint_status(final: Stage, status: int, healthy: bool) -> None:
-    handler = type("Handler", (_HealthHandler,), {"status": status, "seen": []})
+    handler: type[_HealthHandler] = type("Handler", (_HealthHandler,), {"status": status, "seen": []})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

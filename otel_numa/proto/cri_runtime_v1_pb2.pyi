@@ -8,32 +8,27 @@ ones, so the bytes on the wire and the gRPC :path (/runtime.v1.RuntimeService/<M
 identical. Fields left out here are skipped as unknown fields when decoding.
 """
 
-import builtins as _builtins
-import sys
-import typing as _typing
 from collections import abc as _abc
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+import builtins as _builtins
+import sys
+import typing as _typing
 
 if sys.version_info >= (3, 11):
-    from typing import Never as _Never
-    from typing import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing import Never as _Never
-    from typing import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class _PodSandboxState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType
+    V: _TypeAlias = ValueType  # noqa: Y015
 
-class _PodSandboxStateEnumTypeWrapper(
-    _enum_type_wrapper._EnumTypeWrapper[_PodSandboxState.ValueType], _builtins.type
-):
+class _PodSandboxStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PodSandboxState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     SANDBOX_READY: _PodSandboxState.ValueType  # 0
     SANDBOX_NOTREADY: _PodSandboxState.ValueType  # 1
@@ -42,15 +37,13 @@ class PodSandboxState(_PodSandboxState, metaclass=_PodSandboxStateEnumTypeWrappe
 
 SANDBOX_READY: PodSandboxState.ValueType  # 0
 SANDBOX_NOTREADY: PodSandboxState.ValueType  # 1
-Global___PodSandboxState: _TypeAlias = PodSandboxState
+Global___PodSandboxState: _TypeAlias = PodSandboxState  # noqa: Y015
 
 class _ContainerState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType
+    V: _TypeAlias = ValueType  # noqa: Y015
 
-class _ContainerStateEnumTypeWrapper(
-    _enum_type_wrapper._EnumTypeWrapper[_ContainerState.ValueType], _builtins.type
-):
+class _ContainerStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ContainerState.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     CONTAINER_CREATED: _ContainerState.ValueType  # 0
     CONTAINER_RUNNING: _ContainerState.ValueType  # 1
@@ -63,7 +56,7 @@ CONTAINER_CREATED: ContainerState.ValueType  # 0
 CONTAINER_RUNNING: ContainerState.ValueType  # 1
 CONTAINER_EXITED: ContainerState.ValueType  # 2
 CONTAINER_UNKNOWN: ContainerState.ValueType  # 3
-Global___ContainerState: _TypeAlias = ContainerState
+Global___ContainerState: _TypeAlias = ContainerState  # noqa: Y015
 
 @_typing.final
 class PodSandboxMetadata(_message.Message):
@@ -85,15 +78,13 @@ class PodSandboxMetadata(_message.Message):
         namespace: _builtins.str = ...,
         attempt: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "attempt", b"attempt", "name", b"name", "namespace", b"namespace", "uid", b"uid"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "name", b"name", "namespace", b"namespace", "uid", b"uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxMetadata: _TypeAlias = PodSandboxMetadata
+Global___PodSandboxMetadata: _TypeAlias = PodSandboxMetadata  # noqa: Y015
 
 @_typing.final
 class PodSandboxStatusRequest(_message.Message):
@@ -109,15 +100,13 @@ class PodSandboxStatusRequest(_message.Message):
         pod_sandbox_id: _builtins.str = ...,
         verbose: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "pod_sandbox_id", b"pod_sandbox_id", "verbose", b"verbose"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_sandbox_id", b"pod_sandbox_id", "verbose", b"verbose"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxStatusRequest: _TypeAlias = PodSandboxStatusRequest
+Global___PodSandboxStatusRequest: _TypeAlias = PodSandboxStatusRequest  # noqa: Y015
 
 @_typing.final
 class PodIP(_message.Message):
@@ -130,13 +119,13 @@ class PodIP(_message.Message):
         *,
         ip: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ip", b"ip"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ip", b"ip"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodIP: _TypeAlias = PodIP
+Global___PodIP: _TypeAlias = PodIP  # noqa: Y015
 
 @_typing.final
 class PodSandboxNetworkStatus(_message.Message):
@@ -153,13 +142,13 @@ class PodSandboxNetworkStatus(_message.Message):
         ip: _builtins.str = ...,
         additional_ips: _abc.Iterable[Global___PodIP] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["additional_ips", b"additional_ips", "ip", b"ip"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["additional_ips", b"additional_ips", "ip", b"ip"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxNetworkStatus: _TypeAlias = PodSandboxNetworkStatus
+Global___PodSandboxNetworkStatus: _TypeAlias = PodSandboxNetworkStatus  # noqa: Y015
 
 @_typing.final
 class PodSandboxStatus(_message.Message):
@@ -179,9 +168,9 @@ class PodSandboxStatus(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -199,9 +188,9 @@ class PodSandboxStatus(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -239,30 +228,13 @@ class PodSandboxStatus(_message.Message):
         annotations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         runtime_handler: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "network", b"network"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "network", b"network"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "annotations",
-        b"annotations",
-        "created_at",
-        b"created_at",
-        "id",
-        b"id",
-        "labels",
-        b"labels",
-        "metadata",
-        b"metadata",
-        "network",
-        b"network",
-        "runtime_handler",
-        b"runtime_handler",
-        "state",
-        b"state",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "created_at", b"created_at", "id", b"id", "labels", b"labels", "metadata", b"metadata", "network", b"network", "runtime_handler", b"runtime_handler", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxStatus: _TypeAlias = PodSandboxStatus
+Global___PodSandboxStatus: _TypeAlias = PodSandboxStatus  # noqa: Y015
 
 @_typing.final
 class PodSandboxStatusResponse(_message.Message):
@@ -282,9 +254,9 @@ class PodSandboxStatusResponse(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -298,9 +270,7 @@ class PodSandboxStatusResponse(_message.Message):
     @_builtins.property
     def info(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
-    def containers_statuses(
-        self,
-    ) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerStatus]: ...
+    def containers_statuses(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerStatus]: ...
     def __init__(
         self,
         *,
@@ -309,22 +279,13 @@ class PodSandboxStatusResponse(_message.Message):
         containers_statuses: _abc.Iterable[Global___ContainerStatus] | None = ...,
         timestamp: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "containers_statuses",
-        b"containers_statuses",
-        "info",
-        b"info",
-        "status",
-        b"status",
-        "timestamp",
-        b"timestamp",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers_statuses", b"containers_statuses", "info", b"info", "status", b"status", "timestamp", b"timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxStatusResponse: _TypeAlias = PodSandboxStatusResponse
+Global___PodSandboxStatusResponse: _TypeAlias = PodSandboxStatusResponse  # noqa: Y015
 
 @_typing.final
 class PodSandboxStateValue(_message.Message):
@@ -337,13 +298,13 @@ class PodSandboxStateValue(_message.Message):
         *,
         state: Global___PodSandboxState.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxStateValue: _TypeAlias = PodSandboxStateValue
+Global___PodSandboxStateValue: _TypeAlias = PodSandboxStateValue  # noqa: Y015
 
 @_typing.final
 class PodSandboxFilter(_message.Message):
@@ -365,9 +326,9 @@ class PodSandboxFilter(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -386,15 +347,13 @@ class PodSandboxFilter(_message.Message):
         state: Global___PodSandboxStateValue | None = ...,
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "id", b"id", "label_selector", b"label_selector", "state", b"state"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "label_selector", b"label_selector", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandboxFilter: _TypeAlias = PodSandboxFilter
+Global___PodSandboxFilter: _TypeAlias = PodSandboxFilter  # noqa: Y015
 
 @_typing.final
 class ListPodSandboxRequest(_message.Message):
@@ -408,13 +367,13 @@ class ListPodSandboxRequest(_message.Message):
         *,
         filter: Global___PodSandboxFilter | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListPodSandboxRequest: _TypeAlias = ListPodSandboxRequest
+Global___ListPodSandboxRequest: _TypeAlias = ListPodSandboxRequest  # noqa: Y015
 
 @_typing.final
 class PodSandbox(_message.Message):
@@ -434,9 +393,9 @@ class PodSandbox(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -454,9 +413,9 @@ class PodSandbox(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -488,28 +447,13 @@ class PodSandbox(_message.Message):
         annotations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         runtime_handler: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "annotations",
-        b"annotations",
-        "created_at",
-        b"created_at",
-        "id",
-        b"id",
-        "labels",
-        b"labels",
-        "metadata",
-        b"metadata",
-        "runtime_handler",
-        b"runtime_handler",
-        "state",
-        b"state",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "created_at", b"created_at", "id", b"id", "labels", b"labels", "metadata", b"metadata", "runtime_handler", b"runtime_handler", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodSandbox: _TypeAlias = PodSandbox
+Global___PodSandbox: _TypeAlias = PodSandbox  # noqa: Y015
 
 @_typing.final
 class ListPodSandboxResponse(_message.Message):
@@ -523,13 +467,13 @@ class ListPodSandboxResponse(_message.Message):
         *,
         items: _abc.Iterable[Global___PodSandbox] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListPodSandboxResponse: _TypeAlias = ListPodSandboxResponse
+Global___ListPodSandboxResponse: _TypeAlias = ListPodSandboxResponse  # noqa: Y015
 
 @_typing.final
 class ImageSpec(_message.Message):
@@ -549,9 +493,9 @@ class ImageSpec(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -575,24 +519,13 @@ class ImageSpec(_message.Message):
         runtime_handler: _builtins.str = ...,
         image_ref: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "annotations",
-        b"annotations",
-        "image",
-        b"image",
-        "image_ref",
-        b"image_ref",
-        "runtime_handler",
-        b"runtime_handler",
-        "user_specified_image",
-        b"user_specified_image",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "image", b"image", "image_ref", b"image_ref", "runtime_handler", b"runtime_handler", "user_specified_image", b"user_specified_image"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ImageSpec: _TypeAlias = ImageSpec
+Global___ImageSpec: _TypeAlias = ImageSpec  # noqa: Y015
 
 @_typing.final
 class ContainerMetadata(_message.Message):
@@ -608,13 +541,13 @@ class ContainerMetadata(_message.Message):
         name: _builtins.str = ...,
         attempt: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "name", b"name"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerMetadata: _TypeAlias = ContainerMetadata
+Global___ContainerMetadata: _TypeAlias = ContainerMetadata  # noqa: Y015
 
 @_typing.final
 class ContainerStateValue(_message.Message):
@@ -627,13 +560,13 @@ class ContainerStateValue(_message.Message):
         *,
         state: Global___ContainerState.ValueType = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerStateValue: _TypeAlias = ContainerStateValue
+Global___ContainerStateValue: _TypeAlias = ContainerStateValue  # noqa: Y015
 
 @_typing.final
 class ContainerFilter(_message.Message):
@@ -655,9 +588,9 @@ class ContainerFilter(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -679,22 +612,13 @@ class ContainerFilter(_message.Message):
         pod_sandbox_id: _builtins.str = ...,
         label_selector: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "id",
-        b"id",
-        "label_selector",
-        b"label_selector",
-        "pod_sandbox_id",
-        b"pod_sandbox_id",
-        "state",
-        b"state",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "label_selector", b"label_selector", "pod_sandbox_id", b"pod_sandbox_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerFilter: _TypeAlias = ContainerFilter
+Global___ContainerFilter: _TypeAlias = ContainerFilter  # noqa: Y015
 
 @_typing.final
 class ListContainersRequest(_message.Message):
@@ -708,13 +632,13 @@ class ListContainersRequest(_message.Message):
         *,
         filter: Global___ContainerFilter | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListContainersRequest: _TypeAlias = ListContainersRequest
+Global___ListContainersRequest: _TypeAlias = ListContainersRequest  # noqa: Y015
 
 @_typing.final
 class Container(_message.Message):
@@ -734,9 +658,9 @@ class Container(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -754,9 +678,9 @@ class Container(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -798,34 +722,13 @@ class Container(_message.Message):
         annotations: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         image_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "metadata", b"metadata"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "annotations",
-        b"annotations",
-        "created_at",
-        b"created_at",
-        "id",
-        b"id",
-        "image",
-        b"image",
-        "image_id",
-        b"image_id",
-        "image_ref",
-        b"image_ref",
-        "labels",
-        b"labels",
-        "metadata",
-        b"metadata",
-        "pod_sandbox_id",
-        b"pod_sandbox_id",
-        "state",
-        b"state",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "created_at", b"created_at", "id", b"id", "image", b"image", "image_id", b"image_id", "image_ref", b"image_ref", "labels", b"labels", "metadata", b"metadata", "pod_sandbox_id", b"pod_sandbox_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Container: _TypeAlias = Container
+Global___Container: _TypeAlias = Container  # noqa: Y015
 
 @_typing.final
 class ListContainersResponse(_message.Message):
@@ -839,13 +742,13 @@ class ListContainersResponse(_message.Message):
         *,
         containers: _abc.Iterable[Global___Container] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListContainersResponse: _TypeAlias = ListContainersResponse
+Global___ListContainersResponse: _TypeAlias = ListContainersResponse  # noqa: Y015
 
 @_typing.final
 class ContainerStatusRequest(_message.Message):
@@ -861,13 +764,13 @@ class ContainerStatusRequest(_message.Message):
         container_id: _builtins.str = ...,
         verbose: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "verbose", b"verbose"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "verbose", b"verbose"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerStatusRequest: _TypeAlias = ContainerStatusRequest
+Global___ContainerStatusRequest: _TypeAlias = ContainerStatusRequest  # noqa: Y015
 
 @_typing.final
 class ContainerStatus(_message.Message):
@@ -887,9 +790,9 @@ class ContainerStatus(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -907,9 +810,9 @@ class ContainerStatus(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -967,44 +870,13 @@ class ContainerStatus(_message.Message):
         log_path: _builtins.str = ...,
         image_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "metadata", b"metadata"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["image", b"image", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "annotations",
-        b"annotations",
-        "created_at",
-        b"created_at",
-        "exit_code",
-        b"exit_code",
-        "finished_at",
-        b"finished_at",
-        "id",
-        b"id",
-        "image",
-        b"image",
-        "image_id",
-        b"image_id",
-        "image_ref",
-        b"image_ref",
-        "labels",
-        b"labels",
-        "log_path",
-        b"log_path",
-        "message",
-        b"message",
-        "metadata",
-        b"metadata",
-        "reason",
-        b"reason",
-        "started_at",
-        b"started_at",
-        "state",
-        b"state",
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["annotations", b"annotations", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "id", b"id", "image", b"image", "image_id", b"image_id", "image_ref", b"image_ref", "labels", b"labels", "log_path", b"log_path", "message", b"message", "metadata", b"metadata", "reason", b"reason", "started_at", b"started_at", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerStatus: _TypeAlias = ContainerStatus
+Global___ContainerStatus: _TypeAlias = ContainerStatus  # noqa: Y015
 
 @_typing.final
 class ContainerStatusResponse(_message.Message):
@@ -1024,9 +896,9 @@ class ContainerStatusResponse(_message.Message):
             key: _builtins.str = ...,
             value: _builtins.str = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1042,10 +914,10 @@ class ContainerStatusResponse(_message.Message):
         status: Global___ContainerStatus | None = ...,
         info: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "status", b"status"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["info", b"info", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerStatusResponse: _TypeAlias = ContainerStatusResponse
+Global___ContainerStatusResponse: _TypeAlias = ContainerStatusResponse  # noqa: Y015

@@ -8,24 +8,23 @@ ones, so the bytes on the wire and the gRPC :path (/runtime.v1.RuntimeService/<M
 identical. Fields left out here are skipped as unknown fields when decoding.
 """
 
+from collections import abc as _abc
+from grpc import aio as _aio
+from otel_numa.proto import cri_runtime_v1_pb2 as _cri_runtime_v1_pb2
 import abc as _abc_1
+import grpc as _grpc
 import sys
 import typing as _typing
-from collections import abc as _abc
-
-import grpc as _grpc
-from grpc import aio as _aio
-
-from otel_numa.proto import cri_runtime_v1_pb2 as _cri_runtime_v1_pb2
 
 if sys.version_info >= (3, 11):
     from typing import Self as _Self
 else:
-    from typing import Self as _Self
+    from typing_extensions import Self as _Self
 
 _T = _typing.TypeVar("_T")
 
 class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
+
 class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
@@ -37,35 +36,19 @@ class RuntimeServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RuntimeServiceAsyncStub: ...
-    PodSandboxStatus: _grpc.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.PodSandboxStatusRequest, _cri_runtime_v1_pb2.PodSandboxStatusResponse
-    ]
-    ListPodSandbox: _grpc.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ListPodSandboxRequest, _cri_runtime_v1_pb2.ListPodSandboxResponse
-    ]
-    ListContainers: _grpc.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ListContainersRequest, _cri_runtime_v1_pb2.ListContainersResponse
-    ]
-    ContainerStatus: _grpc.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ContainerStatusRequest, _cri_runtime_v1_pb2.ContainerStatusResponse
-    ]
+    PodSandboxStatus: _grpc.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.PodSandboxStatusRequest, _cri_runtime_v1_pb2.PodSandboxStatusResponse]
+    ListPodSandbox: _grpc.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ListPodSandboxRequest, _cri_runtime_v1_pb2.ListPodSandboxResponse]
+    ListContainers: _grpc.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ListContainersRequest, _cri_runtime_v1_pb2.ListContainersResponse]
+    ContainerStatus: _grpc.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ContainerStatusRequest, _cri_runtime_v1_pb2.ContainerStatusResponse]
     """With verbose set, info["info"] holds runtime-specific JSON (containerd, CRI-O differ)."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
-    PodSandboxStatus: _aio.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.PodSandboxStatusRequest, _cri_runtime_v1_pb2.PodSandboxStatusResponse
-    ]  # type: ignore[assignment]
-    ListPodSandbox: _aio.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ListPodSandboxRequest, _cri_runtime_v1_pb2.ListPodSandboxResponse
-    ]  # type: ignore[assignment]
-    ListContainers: _aio.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ListContainersRequest, _cri_runtime_v1_pb2.ListContainersResponse
-    ]  # type: ignore[assignment]
-    ContainerStatus: _aio.UnaryUnaryMultiCallable[
-        _cri_runtime_v1_pb2.ContainerStatusRequest, _cri_runtime_v1_pb2.ContainerStatusResponse
-    ]  # type: ignore[assignment]
+    PodSandboxStatus: _aio.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.PodSandboxStatusRequest, _cri_runtime_v1_pb2.PodSandboxStatusResponse]  # type: ignore[assignment]
+    ListPodSandbox: _aio.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ListPodSandboxRequest, _cri_runtime_v1_pb2.ListPodSandboxResponse]  # type: ignore[assignment]
+    ListContainers: _aio.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ListContainersRequest, _cri_runtime_v1_pb2.ListContainersResponse]  # type: ignore[assignment]
+    ContainerStatus: _aio.UnaryUnaryMultiCallable[_cri_runtime_v1_pb2.ContainerStatusRequest, _cri_runtime_v1_pb2.ContainerStatusResponse]  # type: ignore[assignment]
     """With verbose set, info["info"] holds runtime-specific JSON (containerd, CRI-O differ)."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -74,27 +57,28 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _cri_runtime_v1_pb2.PodSandboxStatusRequest,
         context: _ServicerContext,
-    ) -> _cri_runtime_v1_pb2.PodSandboxStatusResponse | _abc.Awaitable[_cri_runtime_v1_pb2.PodSandboxStatusResponse]: ...
+    ) -> _typing.Union[_cri_runtime_v1_pb2.PodSandboxStatusResponse, _abc.Awaitable[_cri_runtime_v1_pb2.PodSandboxStatusResponse]]: ...
+
     @_abc_1.abstractmethod
     def ListPodSandbox(
         self,
         request: _cri_runtime_v1_pb2.ListPodSandboxRequest,
         context: _ServicerContext,
-    ) -> _cri_runtime_v1_pb2.ListPodSandboxResponse | _abc.Awaitable[_cri_runtime_v1_pb2.ListPodSandboxResponse]: ...
+    ) -> _typing.Union[_cri_runtime_v1_pb2.ListPodSandboxResponse, _abc.Awaitable[_cri_runtime_v1_pb2.ListPodSandboxResponse]]: ...
+
     @_abc_1.abstractmethod
     def ListContainers(
         self,
         request: _cri_runtime_v1_pb2.ListContainersRequest,
         context: _ServicerContext,
-    ) -> _cri_runtime_v1_pb2.ListContainersResponse | _abc.Awaitable[_cri_runtime_v1_pb2.ListContainersResponse]: ...
+    ) -> _typing.Union[_cri_runtime_v1_pb2.ListContainersResponse, _abc.Awaitable[_cri_runtime_v1_pb2.ListContainersResponse]]: ...
+
     @_abc_1.abstractmethod
     def ContainerStatus(
         self,
         request: _cri_runtime_v1_pb2.ContainerStatusRequest,
         context: _ServicerContext,
-    ) -> _cri_runtime_v1_pb2.ContainerStatusResponse | _abc.Awaitable[_cri_runtime_v1_pb2.ContainerStatusResponse]:
+    ) -> _typing.Union[_cri_runtime_v1_pb2.ContainerStatusResponse, _abc.Awaitable[_cri_runtime_v1_pb2.ContainerStatusResponse]]:
         """With verbose set, info["info"] holds runtime-specific JSON (containerd, CRI-O differ)."""
 
-def add_RuntimeServiceServicer_to_server(
-    servicer: RuntimeServiceServicer, server: _grpc.Server | _aio.Server
-) -> None: ...
+def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,21 +8,18 @@ the bytes on the wire and the gRPC :path (/v1.PodResourcesLister/<Method>) are i
 Fields left out here are skipped as unknown fields when decoding.
 """
 
-import builtins as _builtins
-import sys
-import typing as _typing
 from collections import abc as _abc
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+import builtins as _builtins
+import sys
+import typing as _typing
 
 if sys.version_info >= (3, 11):
-    from typing import Never as _Never
-    from typing import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing import Never as _Never
-    from typing import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -33,13 +30,13 @@ class AllocatableResourcesRequest(_message.Message):
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AllocatableResourcesRequest: _TypeAlias = AllocatableResourcesRequest
+Global___AllocatableResourcesRequest: _TypeAlias = AllocatableResourcesRequest  # noqa: Y015
 
 @_typing.final
 class AllocatableResourcesResponse(_message.Message):
@@ -61,15 +58,13 @@ class AllocatableResourcesResponse(_message.Message):
         cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
         memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "cpu_ids", b"cpu_ids", "devices", b"devices", "memory", b"memory"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "memory", b"memory"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___AllocatableResourcesResponse: _TypeAlias = AllocatableResourcesResponse
+Global___AllocatableResourcesResponse: _TypeAlias = AllocatableResourcesResponse  # noqa: Y015
 
 @_typing.final
 class ListPodResourcesRequest(_message.Message):
@@ -78,13 +73,13 @@ class ListPodResourcesRequest(_message.Message):
     def __init__(
         self,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListPodResourcesRequest: _TypeAlias = ListPodResourcesRequest
+Global___ListPodResourcesRequest: _TypeAlias = ListPodResourcesRequest  # noqa: Y015
 
 @_typing.final
 class ListPodResourcesResponse(_message.Message):
@@ -98,13 +93,13 @@ class ListPodResourcesResponse(_message.Message):
         *,
         pod_resources: _abc.Iterable[Global___PodResources] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_resources", b"pod_resources"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pod_resources", b"pod_resources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ListPodResourcesResponse: _TypeAlias = ListPodResourcesResponse
+Global___ListPodResourcesResponse: _TypeAlias = ListPodResourcesResponse  # noqa: Y015
 
 @_typing.final
 class PodResources(_message.Message):
@@ -124,15 +119,13 @@ class PodResources(_message.Message):
         namespace: _builtins.str = ...,
         containers: _abc.Iterable[Global___ContainerResources] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "containers", b"containers", "name", b"name", "namespace", b"namespace"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PodResources: _TypeAlias = PodResources
+Global___PodResources: _TypeAlias = PodResources  # noqa: Y015
 
 @_typing.final
 class ContainerResources(_message.Message):
@@ -161,15 +154,13 @@ class ContainerResources(_message.Message):
         cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
         memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "cpu_ids", b"cpu_ids", "devices", b"devices", "memory", b"memory", "name", b"name"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_ids", b"cpu_ids", "devices", b"devices", "memory", b"memory", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerResources: _TypeAlias = ContainerResources
+Global___ContainerResources: _TypeAlias = ContainerResources  # noqa: Y015
 
 @_typing.final
 class ContainerMemory(_message.Message):
@@ -190,15 +181,13 @@ class ContainerMemory(_message.Message):
         size: _builtins.int = ...,
         topology: Global___TopologyInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "memory_type", b"memory_type", "size", b"size", "topology", b"topology"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_type", b"memory_type", "size", b"size", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerMemory: _TypeAlias = ContainerMemory
+Global___ContainerMemory: _TypeAlias = ContainerMemory  # noqa: Y015
 
 @_typing.final
 class ContainerDevices(_message.Message):
@@ -221,15 +210,13 @@ class ContainerDevices(_message.Message):
         device_ids: _abc.Iterable[_builtins.str] | None = ...,
         topology: Global___TopologyInfo | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]
+    _HasFieldArgType: _TypeAlias = _typing.Literal["topology", b"topology"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "device_ids", b"device_ids", "resource_name", b"resource_name", "topology", b"topology"
-    ]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_ids", b"device_ids", "resource_name", b"resource_name", "topology", b"topology"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ContainerDevices: _TypeAlias = ContainerDevices
+Global___ContainerDevices: _TypeAlias = ContainerDevices  # noqa: Y015
 
 @_typing.final
 class TopologyInfo(_message.Message):
@@ -243,13 +230,13 @@ class TopologyInfo(_message.Message):
         *,
         nodes: _abc.Iterable[Global___NUMANode] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___TopologyInfo: _TypeAlias = TopologyInfo
+Global___TopologyInfo: _TypeAlias = TopologyInfo  # noqa: Y015
 
 @_typing.final
 class NUMANode(_message.Message):
@@ -262,10 +249,10 @@ class NUMANode(_message.Message):
         *,
         ID: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ID", b"ID"]
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ID", b"ID"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___NUMANode: _TypeAlias = NUMANode
+Global___NUMANode: _TypeAlias = NUMANode  # noqa: Y015

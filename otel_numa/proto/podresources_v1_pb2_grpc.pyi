@@ -8,24 +8,23 @@ the bytes on the wire and the gRPC :path (/v1.PodResourcesLister/<Method>) are i
 Fields left out here are skipped as unknown fields when decoding.
 """
 
+from collections import abc as _abc
+from grpc import aio as _aio
+from otel_numa.proto import podresources_v1_pb2 as _podresources_v1_pb2
 import abc as _abc_1
+import grpc as _grpc
 import sys
 import typing as _typing
-from collections import abc as _abc
-
-import grpc as _grpc
-from grpc import aio as _aio
-
-from otel_numa.proto import podresources_v1_pb2 as _podresources_v1_pb2
 
 if sys.version_info >= (3, 11):
     from typing import Self as _Self
 else:
-    from typing import Self as _Self
+    from typing_extensions import Self as _Self
 
 _T = _typing.TypeVar("_T")
 
 class _MaybeAsyncIterator(_abc.AsyncIterator[_T], _abc.Iterator[_T], metaclass=_abc_1.ABCMeta): ...
+
 class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ignore[misc, type-arg]
     ...
 
@@ -39,12 +38,8 @@ class PodResourcesListerStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> PodResourcesListerAsyncStub: ...
-    List: _grpc.UnaryUnaryMultiCallable[
-        _podresources_v1_pb2.ListPodResourcesRequest, _podresources_v1_pb2.ListPodResourcesResponse
-    ]
-    GetAllocatableResources: _grpc.UnaryUnaryMultiCallable[
-        _podresources_v1_pb2.AllocatableResourcesRequest, _podresources_v1_pb2.AllocatableResourcesResponse
-    ]
+    List: _grpc.UnaryUnaryMultiCallable[_podresources_v1_pb2.ListPodResourcesRequest, _podresources_v1_pb2.ListPodResourcesResponse]
+    GetAllocatableResources: _grpc.UnaryUnaryMultiCallable[_podresources_v1_pb2.AllocatableResourcesRequest, _podresources_v1_pb2.AllocatableResourcesResponse]
     """Older kubelets (or the feature gate off) answer UNIMPLEMENTED."""
 
 @_typing.type_check_only
@@ -52,12 +47,8 @@ class PodResourcesListerAsyncStub(PodResourcesListerStub):
     """Served by the kubelet on <kubelet-root>/pod-resources/kubelet.sock."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    List: _aio.UnaryUnaryMultiCallable[
-        _podresources_v1_pb2.ListPodResourcesRequest, _podresources_v1_pb2.ListPodResourcesResponse
-    ]  # type: ignore[assignment]
-    GetAllocatableResources: _aio.UnaryUnaryMultiCallable[
-        _podresources_v1_pb2.AllocatableResourcesRequest, _podresources_v1_pb2.AllocatableResourcesResponse
-    ]  # type: ignore[assignment]
+    List: _aio.UnaryUnaryMultiCallable[_podresources_v1_pb2.ListPodResourcesRequest, _podresources_v1_pb2.ListPodResourcesResponse]  # type: ignore[assignment]
+    GetAllocatableResources: _aio.UnaryUnaryMultiCallable[_podresources_v1_pb2.AllocatableResourcesRequest, _podresources_v1_pb2.AllocatableResourcesResponse]  # type: ignore[assignment]
     """Older kubelets (or the feature gate off) answer UNIMPLEMENTED."""
 
 class PodResourcesListerServicer(metaclass=_abc_1.ABCMeta):
@@ -68,15 +59,14 @@ class PodResourcesListerServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _podresources_v1_pb2.ListPodResourcesRequest,
         context: _ServicerContext,
-    ) -> _podresources_v1_pb2.ListPodResourcesResponse | _abc.Awaitable[_podresources_v1_pb2.ListPodResourcesResponse]: ...
+    ) -> _typing.Union[_podresources_v1_pb2.ListPodResourcesResponse, _abc.Awaitable[_podresources_v1_pb2.ListPodResourcesResponse]]: ...
+
     @_abc_1.abstractmethod
     def GetAllocatableResources(
         self,
         request: _podresources_v1_pb2.AllocatableResourcesRequest,
         context: _ServicerContext,
-    ) -> _podresources_v1_pb2.AllocatableResourcesResponse | _abc.Awaitable[_podresources_v1_pb2.AllocatableResourcesResponse]:
+    ) -> _typing.Union[_podresources_v1_pb2.AllocatableResourcesResponse, _abc.Awaitable[_podresources_v1_pb2.AllocatableResourcesResponse]]:
         """Older kubelets (or the feature gate off) answer UNIMPLEMENTED."""
 
-def add_PodResourcesListerServicer_to_server(
-    servicer: PodResourcesListerServicer, server: _grpc.Server | _aio.Server
-) -> None: ...
+def add_PodResourcesListerServicer_to_server(servicer: PodResourcesListerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

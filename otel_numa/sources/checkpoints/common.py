@@ -146,7 +146,9 @@ def verify_layouts(top: JsonObject, layouts: Sequence[Layout], what: str) -> Ver
             f"{what}: checksum matches no layout (tried {', '.join(mismatched)})",
             error_type=CHECKSUM_MISMATCH,
         )
-    raise SourceCorrupt(f"{what}: JSON types fit no layout ({'; '.join(decode_errors)})", error_type=WRONG_TYPE)
+    raise SourceCorrupt(
+        f"{what}: JSON types fit no layout ({'; '.join(decode_errors)})", error_type=WRONG_TYPE
+    )
 
 
 def verify_data_layout(

@@ -91,7 +91,7 @@ def _decode_pod_entry(decoder: GoDecoder, node: object, current: StructValue) ->
     except SourceCorrupt as exc:
         decoder.error(f"pod entry: {exc}")
         return current
-    return {"CPUSet": {"elems": dict.fromkeys(cpus, {})}}
+    return {"CPUSet": {"elems": {cpu: {} for cpu in cpus}}}
 
 
 _POD_ENTRY = GoStruct("state.PodEntry", (GoField("CPUSet", "cpuSet", _CPUSET),), json_hook=_decode_pod_entry)
@@ -129,7 +129,7 @@ def _with_empty_maps(go_type: GoStruct) -> StructValue:
 
 
 def _layout(name: str, version_type: str, entries: GoType, pod_entries: bool) -> Layout:
-    fields = (_POLICY, _DEFAULT, GoField("Entries", "entries", entries))
+    fields: tuple[GoField, ...] = (_POLICY, _DEFAULT, GoField("Entries", "entries", entries))
     fields += (_POD_ENTRIES_FIELD, _CHECKSUM_FIELD) if pod_entries else (_CHECKSUM_FIELD,)
     struct = GoStruct(f"state.{version_type}", fields)
     pointer = GoPointer(f"*state.{version_type}", struct)
@@ -173,7 +173,9 @@ def _state(verified: Verified) -> CpuManagerState:
             if verified.layout == "v1":
                 entries[key] = {"": _cpus(inner, f"container {key}")}
             elif isinstance(inner, dict):
-                entries[key] = {name: _cpus(cpus, f"pod {key} container {name}") for name, cpus in inner.items()}
+                entries[key] = {
+                    name: _cpus(cpus, f"pod {key} container {name}") for name, cpus in inner.items()
+                }
             else:
                 entries[key] = {}
     pod_entries: dict[str, frozenset[int]] = {}

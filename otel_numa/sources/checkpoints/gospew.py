@@ -50,9 +50,7 @@ class _SpewPrinter:
         if not self.ignore_next_type:
             self.parts.append(f"({go_type.name})")
         self.ignore_next_type = False
-        if isinstance(go_type, GoString):
-            self.parts.append(str(value))
-        elif isinstance(go_type, GoInt):
+        if isinstance(go_type, GoString | GoInt):
             self.parts.append(str(value))
         elif isinstance(go_type, GoSlice):
             self._slice(go_type, value)
@@ -125,7 +123,9 @@ def hash_text(text: str) -> int:
     return fnv1a_32(text.encode("utf-8", "surrogatepass"))
 
 
-def struct_checksum(go_type: GoType, value: GoValue, replacements: tuple[tuple[str, str, int], ...] = ()) -> int:
+def struct_checksum(
+    go_type: GoType, value: GoValue, replacements: tuple[tuple[str, str, int], ...] = ()
+) -> int:
     """The kubelet's checksum of a value, after its ``strings.Replace(text, old, new, count)`` renames."""
     text = spew_text(go_type, value)
     for old, new, count in replacements:

@@ -117,7 +117,11 @@ _NUMA_NODE_STATE = GoStruct(
         GoField(
             "MemoryMap",
             "memoryMap",
-            GoMap("map[v1.ResourceName]*state.MemoryTable", _RESOURCE, GoPointer("*state.MemoryTable", _MEMORY_TABLE)),
+            GoMap(
+                "map[v1.ResourceName]*state.MemoryTable",
+                _RESOURCE,
+                GoPointer("*state.MemoryTable", _MEMORY_TABLE),
+            ),
         ),
         GoField("Cells", "cells", _INTS),
     ),
@@ -136,7 +140,9 @@ _CONTAINER_ASSIGNMENTS = GoMap(
     "state.ContainerMemoryAssignments", STRING, GoMap("map[string][]state.Block", STRING, _BLOCKS)
 )
 _POD_ASSIGNMENTS = GoMap(
-    "state.PodMemoryAssignments", STRING, GoStruct("state.PodEntry", (GoField("MemoryBlocks", "memoryBlocks", _BLOCKS),))
+    "state.PodMemoryAssignments",
+    STRING,
+    GoStruct("state.PodEntry", (GoField("MemoryBlocks", "memoryBlocks", _BLOCKS),)),
 )
 
 _POLICY = GoField("PolicyName", "policyName", STRING)
@@ -169,7 +175,11 @@ def _with_empty_maps(go_type: GoStruct) -> StructValue:
 
 
 def _layout(name: str, version_type: str, pod_entries: bool) -> Layout:
-    fields = (_POLICY, _MACHINE_STATE, _ENTRIES, _POD_ENTRIES) if pod_entries else (_POLICY, _MACHINE_STATE, _ENTRIES)
+    fields = (
+        (_POLICY, _MACHINE_STATE, _ENTRIES, _POD_ENTRIES)
+        if pod_entries
+        else (_POLICY, _MACHINE_STATE, _ENTRIES)
+    )
     struct = GoStruct(f"state.{version_type}", (*fields, _CHECKSUM_FIELD))
     pointer = GoPointer(f"*state.{version_type}", struct)
 
@@ -196,6 +206,11 @@ def _invalid(message: str) -> SourceCorrupt:
     return SourceCorrupt(f"{WHAT}: {message}", error_type=INVALID_VALUE)
 
 
+def _int(value: object) -> int:
+    # the decoder only ever stores an int in a Go integer field
+    return cast(int, value)
+
+
 def _ints(value: object) -> tuple[int, ...]:
     return tuple(cast(list[int], value)) if isinstance(value, list) else ()
 
@@ -204,7 +219,9 @@ def _blocks(value: object) -> tuple[MemoryBlock, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(
-        MemoryBlock(numa_affinity=_ints(block["NUMAAffinity"]), resource=str(block["Type"]), size=int(block["Size"]))
+        MemoryBlock(
+            numa_affinity=_ints(block["NUMAAffinity"]), resource=str(block["Type"]), size=_int(block["Size"])
+        )
         for block in cast(list[StructValue], value)
     )
 
@@ -219,14 +236,14 @@ def _numa_state(numa: int, raw: object) -> NumaMemoryState:
         if table is None:
             raise _invalid(f"NUMA node {numa} has no table for {resource}")
         tables[resource] = MemoryTable(
-            total=int(table["TotalMemSize"]),
-            system_reserved=int(table["SystemReserved"]),
-            allocatable=int(table["Allocatable"]),
-            reserved=int(table["Reserved"]),
-            free=int(table["Free"]),
+            total=_int(table["TotalMemSize"]),
+            system_reserved=_int(table["SystemReserved"]),
+            allocatable=_int(table["Allocatable"]),
+            reserved=_int(table["Reserved"]),
+            free=_int(table["Free"]),
         )
     return NumaMemoryState(
-        number_of_assignments=int(raw["NumberOfAssignments"]), cells=_ints(raw["Cells"]), memory_map=tables
+        number_of_assignments=_int(raw["NumberOfAssignments"]), cells=_ints(raw["Cells"]), memory_map=tables
     )
 
 
@@ -252,7 +269,7 @@ def _state(verified: Verified) -> MemoryManagerState:
 
 
 def parse_memory_manager_state(data: bytes) -> MemoryManagerState:
-    """Decode and verify a memory manager checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
+    """Decode and verify a memory checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
     try:
         top = parse_top_object(data, WHAT)
         verified = verify_data_layout(top, _V3_TOP, _V3_DATA, _with_empty_maps, "v3", WHAT)

@@ -1,0 +1,186 @@
+"""The kubelet's device manager checkpoint (``<kubelet-root>/device-plugins/kubelet_internal_checkpoint``),
+verified as the kubelet does.
+
+The file is ``{"Data": {"PodDeviceEntries": [...], "RegisteredDevices": {...}}, "Checksum": N}`` (Go field
+names, no JSON tags). Each entry has ``PodUID``, ``ContainerName``, ``ResourceName``, ``DeviceIDs`` and
+``AllocResp`` (base64 of the device plugin's protobuf answer, kept only for the checksum). Layouts:
+
+- v1 (Kubernetes <= 1.19): ``DeviceIDs`` is a flat list, with no NUMA information;
+- v2 (1.20+): ``DeviceIDs`` maps a NUMA node id (a decimal string, ``-1`` for no affinity) to a list.
+
+The checksum is FNV-1a 32 of the spew text of ``Data`` alone (a v1 file is hashed under the 1.19 type
+names ``checkpointData`` and ``PodDevicesEntry``). Unlike the CPU and memory managers, the device manager
+does not accept a zero checksum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from otel_numa.sources.checkpoints.common import (
+    Layout,
+    Verified,
+    parse_top_object,
+    read_checkpoint_bytes,
+    verify_layouts,
+    with_path,
+)
+from otel_numa.sources.checkpoints.gojson import (
+    BYTES,
+    PARSE_ERROR,
+    STRING,
+    GoField,
+    GoInt,
+    GoMap,
+    GoSlice,
+    GoStruct,
+    GoType,
+    GoValue,
+    StructValue,
+)
+from otel_numa.sources.errors import SourceCorrupt, SourceError
+
+WHAT = "device manager checkpoint"
+
+NO_NUMA_AFFINITY = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """The devices of one resource allocated to one container.
+
+    ``devices_by_numa`` maps a NUMA node id to device ids, ``-1`` meaning no NUMA affinity. A v1 file
+    (Kubernetes <= 1.19) records no NUMA node at all: its devices are all filed under ``-1`` (the kubelet
+    itself, converting such a file, files them under node 0, which would be a guess).
+    """
+
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    devices_by_numa: Mapping[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceManagerState:
+    """A verified device checkpoint: entries in file order, and device ids per registered resource."""
+
+    entries: tuple[DeviceEntry, ...]
+    registered_devices: Mapping[str, tuple[str, ...]]
+    layout: str = "v2"
+
+
+# ----------------------------------------------------------------------------------------- Go types
+
+_CHECKSUM = GoInt("checksum.Checksum", signed=False)
+_STRINGS = GoSlice("[]string", STRING)
+_REGISTERED = GoMap("map[string][]string", STRING, _STRINGS)
+
+
+def _entry_type(name: str, device_ids: GoType) -> GoStruct:
+    return GoStruct(
+        f"checkpoint.{name}",
+        (
+            GoField("PodUID", "PodUID", STRING),
+            GoField("ContainerName", "ContainerName", STRING),
+            GoField("ResourceName", "ResourceName", STRING),
+            GoField("DeviceIDs", "DeviceIDs", device_ids),
+            GoField("AllocResp", "AllocResp", BYTES),
+        ),
+    )
+
+
+def _layout(name: str, data_name: str, entry: GoStruct, renames: tuple[tuple[str, str, int], ...]) -> Layout:
+    data = GoStruct(
+        f"checkpoint.{data_name}",
+        (
+            GoField("PodDeviceEntries", "PodDeviceEntries", GoSlice(f"[]{entry.name}", entry)),
+            GoField("RegisteredDevices", "RegisteredDevices", _REGISTERED),
+        ),
+    )
+    top = GoStruct(
+        "checkpoint.Data", (GoField("Data", "Data", data), GoField("Checksum", "Checksum", _CHECKSUM))
+    )
+
+    def hashed(value: StructValue) -> tuple[GoType, GoValue]:
+        return data, value["Data"]
+
+    return Layout(
+        name=name,
+        go_type=top,
+        # the device manager reads into checkpoint.New(make([]PodDevicesEntry, 0), make(map[string][]string))
+        make_initial=lambda: {"Data": {"PodDeviceEntries": [], "RegisteredDevices": {}}, "Checksum": 0},
+        hashed=hashed,
+        hash_variants=(renames,),
+        zero_checksum_accepted=False,
+    )
+
+
+_V2 = _layout(
+    "v2",
+    "checkpointData",
+    _entry_type("PodDevicesEntry", GoMap("checkpoint.DevicesPerNUMA", GoInt("int64"), _STRINGS)),
+    (),
+)
+_V1 = _layout(
+    "v1",
+    "checkpointDataV1",
+    _entry_type("PodDevicesEntryV1", _STRINGS),
+    (("checkpointDataV1", "checkpointData", 1), ("PodDevicesEntryV1", "PodDevicesEntry", -1)),
+)
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    return tuple(cast(list[str], value)) if isinstance(value, list) else ()
+
+
+def _entry(raw: StructValue, flat: bool) -> DeviceEntry:
+    device_ids = raw["DeviceIDs"]
+    if flat:
+        ids = _strings(device_ids)
+        by_numa = {NO_NUMA_AFFINITY: ids} if ids else {}
+    else:
+        by_numa = {
+            numa: _strings(ids) for numa, ids in sorted(cast(dict[int, object], device_ids or {}).items())
+        }
+    return DeviceEntry(
+        pod_uid=str(raw["PodUID"]),
+        container_name=str(raw["ContainerName"]),
+        resource_name=str(raw["ResourceName"]),
+        devices_by_numa=by_numa,
+    )
+
+
+def _state(verified: Verified) -> DeviceManagerState:
+    data = cast(StructValue, verified.value["Data"])
+    raw_entries = cast(list[StructValue], data["PodDeviceEntries"] or [])
+    registered = cast(dict[str, object], data["RegisteredDevices"] or {})
+    return DeviceManagerState(
+        entries=tuple(_entry(raw, flat=verified.layout == "v1") for raw in raw_entries),
+        registered_devices={resource: _strings(ids) for resource, ids in registered.items()},
+        layout=verified.layout,
+    )
+
+
+def parse_device_checkpoint(data: bytes) -> DeviceManagerState:
+    """Decode and verify a device checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
+    try:
+        return _state(verify_layouts(parse_top_object(data, WHAT), (_V2, _V1), WHAT))
+    except SourceError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise SourceCorrupt(f"{WHAT}: {exc}", error_type=PARSE_ERROR) from exc
+
+
+def read_device_checkpoint(path: Path) -> DeviceManagerState:
+    """Read and verify ``path`` (read-only); SourceMissing when it does not exist."""
+    data = read_checkpoint_bytes(path)
+    try:
+        return parse_device_checkpoint(data)
+    except SourceError as exc:
+        raise with_path(path, exc) from exc
