@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -290,7 +291,7 @@ def test_runtime_in_another_process(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
-        socket_dir.rmdir()
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,16 @@
 """Offline checks of the local demo stack: docker-compose.yaml and the files it mounts.
 
 No Docker engine is needed: the Compose file is validated against the Compose Specification schema
-(tests/fixtures/schemas/compose-spec.json), Prometheus's configuration with Prometheus's own promtool,
-and the wiring between the services (addresses, ports, mounted paths) is followed by hand.
+(tests/fixtures/schemas/compose-spec.json), Prometheus's configuration with Prometheus's own promtool, the
+agent's command and example configuration with the agent's own settings loader, and the wiring between the
+services (addresses, ports, mounted paths) is followed by hand.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -19,6 +21,9 @@ from urllib.parse import urlsplit
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
+
+from otel_numa.cli import load_settings
+from otel_numa.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yaml"
@@ -31,29 +36,8 @@ AGENT_EXAMPLE = REPO / "config" / "agent.example.yaml"
 # Host paths the agent may read from the machine it runs on; anything else must live in the repository.
 HOST_SYSTEM_PATHS = {"/sys", "/proc"}
 
-# The agent's command-line flags (DESIGN.md's table, plus the health endpoint).
-AGENT_FLAGS = {
-    "config",
-    "sysfs-root",
-    "procfs-root",
-    "kubelet-root",
-    "podresources-socket",
-    "pod-logs-root",
-    "reserved-cpus",
-    "cgroup-root",
-    "container-logs-root",
-    "node-name",
-    "exporter",
-    "prometheus-address",
-    "otlp-endpoint",
-    "otlp-protocol",
-    "interval",
-    "once",
-    "compat",
-    "health-address",
-}
-
-# Keys of the YAML configuration file: the flags with underscores, `exporters` as a list, and `disable`.
+# Keys of the YAML configuration file named in DESIGN.md: the flags with underscores, `exporters` as a
+# list, and `disable`.
 CONFIG_KEYS = {
     "sysfs_root",
     "procfs_root",
@@ -93,6 +77,13 @@ DOCUMENTED_DEFAULTS: dict[str, Any] = {
 }
 
 PINNED_IMAGE = re.compile(r"^[a-z0-9./_-]+:v?\d+\.\d+\.\d+$")
+
+
+def clear_agent_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent also reads OTEL_NUMA_*, OTEL_EXPORTER_OTLP_* and NODE_NAME: keep the test's own out."""
+    for name in list(os.environ):
+        if name.startswith(("OTEL_NUMA_", "OTEL_EXPORTER_OTLP_")) or name == "NODE_NAME":
+            monkeypatch.delenv(name)
 
 
 def load_yaml(path: Path) -> Any:
@@ -219,7 +210,6 @@ def test_ports_are_published_on_loopback_only(services: dict[str, Any]) -> None:
 def test_agent_reads_the_host_and_the_demo_kubelet_read_only(services: dict[str, Any]) -> None:
     agent = services["agent"]
     flags = agent_flags(agent)
-    assert set(flags) <= AGENT_FLAGS, set(flags) - AGENT_FLAGS
     assert flags["sysfs-root"] == mount_target(agent, "/sys")
     assert flags["procfs-root"] == mount_target(agent, "/proc")
     assert flags["cgroup-root"] == mount_target(agent, "/sys") + "/fs/cgroup"
@@ -232,6 +222,18 @@ def test_agent_reads_the_host_and_the_demo_kubelet_read_only(services: dict[str,
 def test_agent_exports_both_ways(services: dict[str, Any]) -> None:
     exporters = set(agent_flags(services["agent"])["exporter"].split(","))
     assert exporters == {"prometheus", "otlp"}
+
+
+def test_agent_accepts_its_compose_command(services: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_agent_environment(monkeypatch)
+    settings, once = load_settings(services["agent"]["command"])
+    assert not once
+    assert settings.sysfs_root == Path("/host/sys")
+    assert settings.kubelet_root == Path("/demo/kubelet")
+    assert settings.podresources_socket_path is None
+    assert settings.exporters == ("prometheus", "otlp")
+    assert settings.otlp_url == "http://otel-collector:4317"
+    assert settings.node_name == "demo-node"
 
 
 def test_agent_pushes_to_the_collectors_otlp_receiver(
@@ -392,13 +394,27 @@ def test_grafana_lets_anonymous_visitors_view_only(services: dict[str, Any]) -> 
 
 def test_example_config_uses_only_known_keys() -> None:
     config = load_yaml(AGENT_EXAMPLE)
-    assert set(config) <= CONFIG_KEYS, set(config) - CONFIG_KEYS
+    known = set(Settings.model_fields) - {"config"}
+    assert set(config) <= known, set(config) - known
 
 
-def test_example_config_mentions_every_key() -> None:
+def test_example_config_mentions_every_setting() -> None:
     text = AGENT_EXAMPLE.read_text()
     mentioned = set(re.findall(r"^#?\s?([a-z_]+):", text, flags=re.MULTILINE))
-    assert mentioned >= CONFIG_KEYS, CONFIG_KEYS - mentioned
+    settings = set(Settings.model_fields) - {"config"}
+    assert mentioned >= CONFIG_KEYS | settings, (CONFIG_KEYS | settings) - mentioned
+
+
+def test_agent_loads_the_example_config_as_its_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_agent_environment(monkeypatch)
+    from_file, _ = load_settings(["--config", str(AGENT_EXAMPLE)])
+    defaults, _ = load_settings([])
+    assert from_file.podresources_socket_path == defaults.podresources_socket_path
+    assert from_file.otlp_url == defaults.otlp_url
+    differing = {
+        name for name in Settings.model_fields if getattr(from_file, name) != getattr(defaults, name)
+    }
+    assert differing == {"config", "podresources_socket", "otlp_endpoint"}
 
 
 def test_example_config_shows_the_documented_defaults() -> None:

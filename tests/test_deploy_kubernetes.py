@@ -3,12 +3,14 @@
 Every object is validated against the Kubernetes OpenAPI schemas shipped by kubernetes-validate (strict:
 unknown fields are errors), then the properties an operator relies on are checked one by one: read-only
 host mounts, the node name from the downward API, probes on the health port, tolerations, resources,
-a restrictive security context, and the wiring between agent, Service and collector gateway.
+a restrictive security context, the wiring between agent, Service and collector gateway, and that the
+agent's settings loader accepts the DaemonSet's environment.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,8 @@ from urllib.parse import urlsplit
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+
+from otel_numa.cli import load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "config" / "kubernetes"
@@ -183,6 +187,21 @@ def test_agent_roots_point_at_the_mounted_host_paths(pod: dict[str, Any], agent:
 def test_node_name_comes_from_the_downward_api(agent: dict[str, Any]) -> None:
     node_name = [e for e in agent["env"] if e["name"] == "NODE_NAME"]
     assert node_name == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+def test_agent_accepts_its_environment(agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("OTEL_NUMA_", "OTEL_EXPORTER_OTLP_")) or name == "NODE_NAME":
+            monkeypatch.delenv(name)
+    for name, value in env_values(agent).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NODE_NAME", "worker-7")  # what the downward API puts there
+    settings, _ = load_settings([])
+    assert settings.node_name == "worker-7"
+    assert settings.exporters == ("prometheus", "otlp")
+    assert settings.otlp_url == "http://otel-numa-gateway.otel-numa.svc:4317"
+    assert settings.podresources_socket_path == Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    assert settings.cgroup_root == Path("/host/cgroup")
 
 
 def test_probes_hit_the_health_endpoint(agent: dict[str, Any]) -> None:

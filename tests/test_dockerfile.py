@@ -11,10 +11,14 @@ import http.server
 import json
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,3 +317,43 @@ def test_healthcheck_fails_when_nothing_listens(final: Stage) -> None:
     port = server.server_address[1]
     server.server_close()
     assert run_healthcheck(final, port) != 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
+
+
+def test_healthcheck_passes_against_the_running_agent(final: Stage, tmp_path: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "otel_numa", "--exporter=console", "--interval=3600"]
+    command += [f"--health-address=127.0.0.1:{port}", "--node-name=test-node", "--podresources-socket=none"]
+    command += [
+        f"--kubelet-root={tmp_path}",
+        f"--pod-logs-root={tmp_path}",
+        f"--container-logs-root={tmp_path}",
+    ]
+    log = tmp_path / "agent.log"
+    with log.open("wb") as log_file:
+        agent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file)
+    try:
+        deadline = time.monotonic() + 30
+        while http_status(f"http://127.0.0.1:{port}/readyz") != 200:
+            assert agent.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the agent never became ready"
+            time.sleep(0.2)
+        assert run_healthcheck(final, port) == 0
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)

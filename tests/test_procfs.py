@@ -9,10 +9,11 @@ import pytest
 
 from otel_numa.sources import procfs
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
-from tests.support.hwloc import extract_snapshot, snapshot_names
+from tests.support.hwloc import extract_snapshot, snapshot_files, snapshot_names
 from tests.support.sysfs_tree import NodeSpec, format_proc_stat, write_file, write_machine
 
 HZ = os.sysconf("SC_CLK_TCK")
+PROC = ("proc",)  # only the proc/ part of a snapshot is needed here
 KIB = 1024
 
 # Snapshot -> (number of cpuN lines, cpu1's line copied from its proc/stat)
@@ -39,31 +40,27 @@ def test_cpu_modes() -> None:
     assert procfs.CPU_MODES == ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def test_every_snapshot_with_a_stat_is_listed(tmp_path: Path) -> None:
-    with_stat = {
-        name
-        for name in snapshot_names()
-        if (extract_snapshot(name, tmp_path / "all") / "proc" / "stat").is_file()
-    }
+def test_every_snapshot_with_a_stat_is_listed() -> None:
+    with_stat = {name for name in snapshot_names() if "proc/stat" in snapshot_files(name)}
     assert with_stat == set(STAT_SNAPSHOTS)
 
 
 @pytest.mark.parametrize("name", sorted(STAT_SNAPSHOTS))
 def test_snapshot_cpu_times(tmp_path: Path, name: str) -> None:
     count, cpu1 = STAT_SNAPSHOTS[name]
-    times = procfs.read_cpu_times(extract_snapshot(name, tmp_path) / "proc")
+    times = procfs.read_cpu_times(extract_snapshot(name, tmp_path, only=PROC) / "proc")
     assert sorted(times) == list(range(count))
     assert times[1] == pytest.approx(seconds(cpu1))
 
 
 def test_snapshot_with_eight_columns_has_steal_but_no_guest(tmp_path: Path) -> None:
-    times = procfs.read_cpu_times(extract_snapshot("16em64t-4s2c2t-offlines", tmp_path) / "proc")
+    times = procfs.read_cpu_times(extract_snapshot("16em64t-4s2c2t-offlines", tmp_path, only=PROC) / "proc")
     assert set(times[0]) == set(procfs.CPU_MODES)
     assert times[0]["irq"] == pytest.approx(3245242 / HZ)
 
 
 def test_snapshot_meminfo(tmp_path: Path) -> None:
-    fields = procfs.read_meminfo(extract_snapshot("2i386-2t-hugepagesizecount", tmp_path) / "proc")
+    fields = procfs.read_meminfo(extract_snapshot("2i386-2t-hugepagesizecount", tmp_path, only=PROC) / "proc")
     assert fields["MemTotal"] == 400016779264 * KIB
     assert fields["Active(anon)"] == 1696 * KIB
     assert fields["HugePages_Total"] == 0  # a count, not kB
@@ -72,7 +69,7 @@ def test_snapshot_meminfo(tmp_path: Path) -> None:
 
 
 def test_snapshot_meminfo_without_hugepage_lines(tmp_path: Path) -> None:
-    fields = procfs.read_meminfo(extract_snapshot("2arm-2c", tmp_path) / "proc")
+    fields = procfs.read_meminfo(extract_snapshot("2arm-2c", tmp_path, only=PROC) / "proc")
     assert fields["MemFree"] == 250460 * KIB
     assert "HugePages_Total" not in fields
 

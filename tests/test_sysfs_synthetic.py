@@ -538,9 +538,11 @@ def test_no_numa_without_proc_meminfo(tmp_path: Path) -> None:
 
 
 def test_uniform_machine_scales(tmp_path: Path) -> None:
-    sysfs_root, procfs_root = write_machine(tmp_path, uniform_nodes(16, 8, hugepages={2048: (8, 8)}))
+    nodes = uniform_nodes(16, 256, hugepages={2048: (8, 8)})
+    sysfs_root, procfs_root = write_machine(tmp_path, nodes, cpu_dirs=False)
+    assert not (sysfs_root / "devices/system/cpu/cpu0").exists()
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     assert topology.node_ids == tuple(range(16))
-    assert topology.node(15).cpus == frozenset(range(120, 128))
+    assert topology.node(15).cpus == frozenset(range(3840, 4096))
     assert topology.node(3).distances[3] == 10 and topology.node(3).distances[4] == 20
     assert len(sysfs.read_hugepages(sysfs_root, topology)) == 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from opentelemetry.metrics import Meter
 
-from otel_numa.instruments import allocation, health, machine
+from otel_numa.instruments import allocation, compat, health, machine
 from otel_numa.instruments.base import Instruments
 from otel_numa.settings import MetricGroup, Settings
 from otel_numa.snapshot import SnapshotStore
@@ -24,3 +24,5 @@ def register_instruments(meter: Meter, store: SnapshotStore, settings: Settings)
         allocation.register_containers(instruments)
     if settings.enabled(MetricGroup.HEALTH):
         health.register_health(instruments)
+    if settings.compat == "numainfo":
+        compat.register_numainfo(instruments, settings.node_name)

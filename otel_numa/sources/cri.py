@@ -188,7 +188,7 @@ class CriClient:
                 pods[container.pod_sandbox_id] = pod
                 env = self._env(stub, container.id, wanted_env, deadline) if wanted_env else {}
                 if env is None:
-                    continue
+                    continue  # removed between the list and its status
                 found.append(
                     ContainerInfo(
                         container_id=container.id,

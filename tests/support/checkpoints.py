@@ -42,6 +42,11 @@ def _go_json(value: object) -> bytes:
     return text.replace("\u2029", "\\u2029").encode()
 
 
+def _by_key(mapping: Mapping[str, object]) -> dict[str, object]:
+    # json.Marshal writes map members sorted by key
+    return {key: mapping[key] for key in sorted(mapping)}
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` as the kubelet does: temp file, fsync, rename (0600)."""
     temporary = path.parent / f".{path.name}.{secrets.token_hex(4)}"
@@ -73,10 +78,11 @@ def _spew_cpu_entries(entries: Mapping[str, Mapping[str, str]]) -> str:
 
 
 def _spew_cpu_pod_entries(pod_entries: Mapping[str, frozenset[int]]) -> str:
-    pods = " ".join(
-        f"{pod}:{{CPUSet:(cpuset.CPUSet){{elems:(map[int]struct {{}})map[{' '.join(f'{c}:{{}}' for c in sorted(cpus))}]}}}}"
-        for pod, cpus in sorted(pod_entries.items())
-    )
+    def pod_entry(cpus: frozenset[int]) -> str:
+        elems = " ".join(f"{cpu}:{{}}" for cpu in sorted(cpus))
+        return f"{{CPUSet:(cpuset.CPUSet){{elems:(map[int]struct {{}})map[{elems}]}}}}"
+
+    pods = " ".join(f"{pod}:{pod_entry(cpus)}" for pod, cpus in sorted(pod_entries.items()))
     return f"PodEntries:(state.PodCPUAssignments)map[{pods}]"
 
 
@@ -95,12 +101,15 @@ def cpu_manager_state_bytes(
         raise ValueError("pod entries need layout v3 or v4")
     default = _cpuset_text(default_cpus)
     text_entries = {pod: {name: _cpuset_text(cpus) for name, cpus in c.items()} for pod, c in entries.items()}
+    json_entries = _by_key({pod: _by_key(containers) for pod, containers in text_entries.items()})
     pods = {pod: frozenset(cpus) for pod, cpus in (pod_entries or {}).items()}
     members: dict[str, object] = {"policyName": policy, "defaultCpuSet": default}
     if text_entries:
-        members["entries"] = text_entries
+        members["entries"] = json_entries
     if pods:
-        members["podEntries"] = {pod: ({"cpuSet": _cpuset_text(c)} if c else {}) for pod, c in pods.items()}
+        members["podEntries"] = _by_key(
+            {pod: ({"cpuSet": _cpuset_text(c)} if c else {}) for pod, c in pods.items()}
+        )
     if layout == "v4":
         data = _go_json(members).decode()
         return _go_json({**members, "checksum": 0, "data": data, "dataChecksum": _hash("(string)" + data)})
@@ -144,7 +153,9 @@ def _spew_ints(values: Sequence[int]) -> str:
 
 def _spew_block(block: MemoryBlock) -> str:
     affinity = _spew_ints(block.numa_affinity)
-    return f"{{NUMAAffinity:([]int){affinity} Type:(v1.ResourceName){block.resource} Size:(uint64){block.size}}}"
+    return (
+        f"{{NUMAAffinity:([]int){affinity} Type:(v1.ResourceName){block.resource} Size:(uint64){block.size}}}"
+    )
 
 
 def _spew_blocks(blocks: Sequence[MemoryBlock]) -> str:
@@ -160,7 +171,8 @@ def _spew_numa(state: NumaMemoryState) -> str:
     )
     return (
         f"<*>{{NumberOfAssignments:(int){state.number_of_assignments} "
-        f"MemoryMap:(map[v1.ResourceName]*state.MemoryTable)map[{tables}] Cells:([]int){_spew_ints(state.cells)}}}"
+        f"MemoryMap:(map[v1.ResourceName]*state.MemoryTable)map[{tables}] "
+        f"Cells:([]int){_spew_ints(state.cells)}}}"
     )
 
 
@@ -171,9 +183,12 @@ def _spew_memory(
     pod_entries: Mapping[str, Sequence[MemoryBlock]] | None,
 ) -> str:
     numa = " ".join(f"{node}:{_spew_numa(state)}" for node, state in sorted(machine_state.items()))
+
+    def containers_text(containers: Mapping[str, Sequence[MemoryBlock]]) -> str:
+        return " ".join(f"{name}:{_spew_blocks(blocks)}" for name, blocks in sorted(containers.items()))
+
     pods = " ".join(
-        f"{pod}:map[{' '.join(f'{name}:{_spew_blocks(blocks)}' for name, blocks in sorted(containers.items()))}]"
-        for pod, containers in sorted(entries.items())
+        f"{pod}:map[{containers_text(containers)}]" for pod, containers in sorted(entries.items())
     )
     text = (
         f"(*state.MemoryManagerCheckpoint){{PolicyName:(string){policy} "
@@ -181,7 +196,8 @@ def _spew_memory(
     )
     if pod_entries is not None:
         pod_blocks = " ".join(
-            f"{pod}:{{MemoryBlocks:([]state.Block){_spew_blocks(blocks)}}}" for pod, blocks in sorted(pod_entries.items())
+            f"{pod}:{{MemoryBlocks:([]state.Block){_spew_blocks(blocks)}}}"
+            for pod, blocks in sorted(pod_entries.items())
         )
         text += f" PodEntries:(state.PodMemoryAssignments)map[{pod_blocks}]"
     return text + " Checksum:(checksum.Checksum)0}"
@@ -192,17 +208,21 @@ def _json_block(block: MemoryBlock) -> dict[str, object]:
 
 
 def _json_machine_state(machine_state: Mapping[int, NumaMemoryState]) -> dict[str, object]:
-    return {
-        str(node): {
-            "numberOfAssignments": state.number_of_assignments,
-            "memoryMap": {
-                resource: {json_name: getattr(table, attr) for _, json_name, attr in _TABLE_FIELDS}
-                for resource, table in state.memory_map.items()
-            },
-            "cells": list(state.cells),
+    return _by_key(
+        {
+            str(node): {
+                "numberOfAssignments": state.number_of_assignments,
+                "memoryMap": _by_key(
+                    {
+                        resource: {json_name: getattr(table, attr) for _, json_name, attr in _TABLE_FIELDS}
+                        for resource, table in state.memory_map.items()
+                    }
+                ),
+                "cells": list(state.cells),
+            }
+            for node, state in machine_state.items()
         }
-        for node, state in machine_state.items()
-    }
+    )
 
 
 def memory_manager_state_bytes(
@@ -218,17 +238,26 @@ def memory_manager_state_bytes(
         raise ValueError(f"unknown layout {layout}")
     legacy: dict[str, object] = {"policyName": policy, "machineState": _json_machine_state(machine_state)}
     if entries:
-        legacy["entries"] = {
-            pod: {name: [_json_block(b) for b in blocks] for name, blocks in containers.items()}
-            for pod, containers in entries.items()
-        }
+        legacy["entries"] = _by_key(
+            {
+                pod: _by_key({name: [_json_block(b) for b in blocks] for name, blocks in containers.items()})
+                for pod, containers in entries.items()
+            }
+        )
     pods = dict(pod_entries or {})
-    json_pods = {pod: ({"memoryBlocks": [_json_block(b) for b in blocks]} if blocks else {}) for pod, blocks in pods.items()}
+    json_pods = _by_key(
+        {
+            pod: ({"memoryBlocks": [_json_block(b) for b in blocks]} if blocks else {})
+            for pod, blocks in pods.items()
+        }
+    )
     if layout == "v3":
         data = _go_json({**legacy, **({"podEntries": json_pods} if json_pods else {})}).decode()
         # the members beside data are a v1 copy for older kubelets, with the v1 checksum
         legacy_checksum = _hash(_spew_memory(policy, machine_state, entries, None))
-        return _go_json({**legacy, "checksum": legacy_checksum, "data": data, "dataChecksum": _hash("(string)" + data)})
+        return _go_json(
+            {**legacy, "checksum": legacy_checksum, "data": data, "dataChecksum": _hash("(string)" + data)}
+        )
     members = {**legacy, **({"podEntries": json_pods} if json_pods else {})}
     return _go_json({**members, "checksum": _hash(_spew_memory(policy, machine_state, entries, pods))})
 
@@ -253,11 +282,15 @@ def write_memory_manager_state(
 
 def _alloc_response(entry: DeviceEntry) -> bytes:
     # stands in for the device plugin's protobuf answer: a few bytes that differ per entry
-    return f"{entry.resource_name}={','.join(i for ids in entry.devices_by_numa.values() for i in ids)}".encode()
+    return (
+        f"{entry.resource_name}={','.join(i for ids in entry.devices_by_numa.values() for i in ids)}".encode()
+    )
 
 
-def device_checkpoint_bytes(entries: Sequence[DeviceEntry], registered_devices: Mapping[str, Sequence[str]]) -> bytes:
-    """A device manager checkpoint in the 1.20+ layout (``devices_by_numa`` keys are NUMA ids, -1 for none)."""
+def device_checkpoint_bytes(
+    entries: Sequence[DeviceEntry], registered_devices: Mapping[str, Sequence[str]]
+) -> bytes:
+    """A device checkpoint in the 1.20+ layout (``devices_by_numa`` keys are NUMA ids, -1 for none)."""
     spew_entries = " ".join(
         f"{{PodUID:(string){e.pod_uid} ContainerName:(string){e.container_name} "
         f"ResourceName:(string){e.resource_name} DeviceIDs:(checkpoint.DevicesPerNUMA)map["
@@ -276,12 +309,12 @@ def device_checkpoint_bytes(entries: Sequence[DeviceEntry], registered_devices: 
                 "PodUID": e.pod_uid,
                 "ContainerName": e.container_name,
                 "ResourceName": e.resource_name,
-                "DeviceIDs": {str(numa): list(ids) for numa, ids in e.devices_by_numa.items()},
+                "DeviceIDs": _by_key({str(numa): list(ids) for numa, ids in e.devices_by_numa.items()}),
                 "AllocResp": base64.b64encode(_alloc_response(e)).decode(),
             }
             for e in entries
         ],
-        "RegisteredDevices": {name: list(ids) for name, ids in registered_devices.items()},
+        "RegisteredDevices": _by_key({name: list(ids) for name, ids in registered_devices.items()}),
     }
     return _go_json({"Data": data, "Checksum": _hash(spew)})
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tarfile
 import xml.etree.ElementTree as ET
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,16 +27,32 @@ def snapshot_names() -> list[str]:
     return sorted(path.name.removesuffix(".tar.bz2") for path in SNAPSHOT_DIR.glob("*.tar.bz2"))
 
 
-def extract_snapshot(name: str, dest: Path) -> Path:
+def _relative(member: tarfile.TarInfo) -> str:
+    """A member's path below the tarball's top directory ("" for the top directory itself)."""
+    return member.name.partition("/")[2]
+
+
+def snapshot_files(name: str) -> set[str]:
+    """Paths of the regular files in snapshot ``name``, relative to its top directory (no extraction)."""
+    with tarfile.open(SNAPSHOT_DIR / f"{name}.tar.bz2") as archive:
+        return {_relative(member) for member in archive.getmembers() if member.isfile()}
+
+
+def extract_snapshot(name: str, dest: Path, *, only: Collection[str] | None = None) -> Path:
     """Extract snapshot ``name`` under ``dest`` and return its top directory (the one holding ``sys/``).
 
-    The directory inside a tarball is not always named like the tarball (48amd64-4pa2n6c-sparse holds
-    48amd64-4d2n6c-sparse), so it is found rather than guessed.
+    ``only`` limits the extraction to some top-level directories (e.g. ``("proc",)``), which is much
+    faster than a whole tree. The directory inside a tarball is not always named like the tarball
+    (48amd64-4pa2n6c-sparse holds 48amd64-4d2n6c-sparse), so it is found rather than guessed.
     """
     target = dest / name
     target.mkdir(parents=True, exist_ok=False)
     with tarfile.open(SNAPSHOT_DIR / f"{name}.tar.bz2") as archive:
-        archive.extractall(target, filter="data")
+        members = archive.getmembers()
+        if only is not None:
+            # the top directory itself ("") and everything below the chosen subdirectories
+            members = [member for member in members if _relative(member).partition("/")[0] in {"", *only}]
+        archive.extractall(target, members=members, filter="data")
     tops = [path for path in target.iterdir() if path.is_dir()]
     if len(tops) != 1:
         raise AssertionError(f"{name}: expected one top directory, found {sorted(p.name for p in tops)}")

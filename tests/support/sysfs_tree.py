@@ -220,10 +220,10 @@ def _write_node(
 
 
 def _write_cpu_dir(
-    cpu_dir: Path, possible: Sequence[int], online: Collection[int], *, online_file: bool
+    cpu_dir: Path, possible: Sequence[int], online: Collection[int], *, online_file: bool, per_cpu: bool
 ) -> None:
     cpu_dir.mkdir(parents=True, exist_ok=True)
-    for cpu in possible:
+    for cpu in possible if per_cpu else ():
         (cpu_dir / f"cpu{cpu}").mkdir()
         # cpu0 usually cannot be unplugged and then has no "online" file at all
         if cpu != 0 or cpu not in online:
@@ -245,6 +245,7 @@ def write_machine(
     possible_cpus: Iterable[int] | None = None,
     online_nodes: Iterable[int] | None = None,
     cpu_online_file: bool = True,
+    cpu_dirs: bool = True,
     node_cpu_files: Collection[str] = ("cpulist", "cpumap"),
     hugepage_sizes_kib: Collection[int] | None = None,
     global_hugepages: bool = True,
@@ -259,6 +260,8 @@ def write_machine(
     - ``cpu_times``: /proc/stat ticks per CPU (columns as in :data:`PROC_STAT_COLUMNS`; a shorter
       sequence writes an older kernel's shorter line); default :func:`default_cpu_ticks` per online CPU.
     - ``cpu_online_file=False``: no ``devices/system/cpu/online``, only the ``cpuN/online`` files.
+    - ``cpu_dirs=False``: no ``cpuN`` directories at all (much faster for thousands of CPUs; the
+      readers only need them when ``cpu/online`` is absent).
     - ``node_cpu_files``: which of ``cpulist``/``cpumap`` each node gets.
     - ``hugepage_sizes_kib``: page sizes every node with memory has a pool for (default: the sizes the
       specs mention); ``global_hugepages=False`` leaves out ``kernel/mm/hugepages``.
@@ -276,7 +279,11 @@ def write_machine(
     )
     default_size = DEFAULT_HUGEPAGE_KIB if DEFAULT_HUGEPAGE_KIB in sizes or not sizes else min(sizes)
 
-    _write_cpu_dir(sysfs_root / "devices/system/cpu", possible, online, online_file=cpu_online_file)
+    if not (cpu_dirs or cpu_online_file):
+        raise ValueError("without cpuN directories the online CPUs need devices/system/cpu/online")
+    _write_cpu_dir(
+        sysfs_root / "devices/system/cpu", possible, online, online_file=cpu_online_file, per_cpu=cpu_dirs
+    )
 
     if with_numa:
         node_dir = sysfs_root / "devices/system/node"

@@ -12,10 +12,13 @@ from otel_numa.sources.checkpoints.gojson import (
     PARSE_ERROR,
     GoStruct,
     GoType,
+    FieldCache,
     GoValue,
     JsonObject,
     StructValue,
     decode_document,
+    decode_fields,
+    fold_name,
     parse_json,
 )
 from otel_numa.sources.checkpoints.gospew import string_checksum, struct_checksum
@@ -107,7 +110,7 @@ class Layout:
     """
 
     name: str
-    go_type: GoType
+    go_type: GoStruct
     make_initial: Callable[[], StructValue]
     hashed: Callable[[StructValue], tuple[GoType, GoValue]]
     hash_variants: tuple[tuple[tuple[str, str, int], ...], ...] = ((),)
@@ -126,12 +129,12 @@ def verify_layouts(top: JsonObject, layouts: Sequence[Layout], what: str) -> Ver
     """The first layout whose decoding succeeds and whose checksum matches one of its name variants."""
     decode_errors: list[str] = []
     mismatched: list[str] = []
+    decoded_fields: FieldCache = {}
     for layout in layouts:
-        value, error = decode_document(layout.go_type, top, layout.make_initial())
+        value, error = decode_fields(layout.go_type, top, layout.make_initial(), decoded_fields)
         if error is not None:
             decode_errors.append(f"{layout.name}: {error}")
             continue
-        assert isinstance(value, dict)
         stored = value[layout.checksum_field]
         if stored == 0 and layout.zero_checksum_accepted:
             # the kubelet accepts a zero checksum, for files from its old file backend
@@ -165,6 +168,8 @@ def verify_data_layout(
     decide. Otherwise those two alone decide, as in the kubelet, which never falls back on the copies of the
     members beside them (whose ``checksum`` it leaves 0 or stale).
     """
+    if not any(fold_name(key) in ("data", "datachecksum") for key, _ in top.members):
+        return None  # the common case, decided without decoding the whole file
     value, error = decode_document(top_type, top, make_initial(top_type))
     assert isinstance(value, dict)
     data, data_checksum = str(value["Data"]), value["DataChecksum"]

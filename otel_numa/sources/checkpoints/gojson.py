@@ -192,16 +192,6 @@ def fold_name(name: str) -> str:
     return name.translate(_FOLD)
 
 
-@functools.cache
-def _field_index(struct: GoStruct) -> tuple[dict[str, GoField], dict[str, GoField]]:
-    exact: dict[str, GoField] = {}
-    folded: dict[str, GoField] = {}
-    for f in struct.fields:
-        exact.setdefault(f.json_name, f)
-        folded.setdefault(fold_name(f.json_name), f)
-    return exact, folded
-
-
 def find_member(obj: JsonObject, json_name: str) -> object | None:
     """The last member matching ``json_name`` the way a struct field would (None when absent)."""
     wanted = fold_name(json_name)
@@ -212,7 +202,7 @@ def find_member(obj: JsonObject, json_name: str) -> object | None:
     return found
 
 
-_INT_KEY = re.compile(r"[+-]?[0-9]+")
+_INT_LITERAL = re.compile(r"[+-]?[0-9]+")
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 
@@ -230,8 +220,23 @@ def _node_kind(node: object) -> str:
     return "object"
 
 
+def parse_integer(text: str, go_type: GoInt) -> int | None:
+    """``strconv.ParseInt``/``ParseUint`` in base 10 plus the type's range check; None where Go fails."""
+    if len(text) > 24 or _INT_LITERAL.fullmatch(text) is None:
+        return None
+    if not go_type.signed and text[0] == "-":
+        return None
+    value = int(text)
+    if go_type.signed:
+        limit = 1 << (go_type.bits - 1)
+        return value if -limit <= value < limit else None
+    return value if value < (1 << go_type.bits) else None
+
+
 class GoDecoder:
-    """Decodes parsed JSON nodes into Go values of a given type, remembering the first type error."""
+    """Decodes parsed JSON nodes into Go values, remembering the first type error (as Go does)."""
+
+    __slots__ = ("first_error",)
 
     def __init__(self) -> None:
         self.first_error: str | None = None
@@ -240,117 +245,208 @@ class GoDecoder:
         if self.first_error is None:
             self.first_error = message
 
-    def _mismatch(self, node: object, go_type: GoType) -> None:
+    def mismatch(self, node: object, go_type: GoType) -> None:
         self.error(f"cannot decode {_node_kind(node)} into Go value of type {go_type.name}")
 
     def decode(self, go_type: GoType, node: object, current: GoValue) -> GoValue:
         """The value ``current`` becomes when ``node`` is decoded into it."""
-        if isinstance(go_type, GoStruct):
-            return self._struct(go_type, node, _as_struct(current))
+        return decoder_for(go_type)(self, node, current)
+
+
+# A compiled decoder for one Go type: (decoder, JSON node, current value) -> new value.
+Decode = Callable[[GoDecoder, object, GoValue], GoValue]
+
+
+def zero_factory(go_type: GoType) -> Callable[[], GoValue]:
+    """Makes fresh zero values of ``go_type`` (structs are mutable dicts, so each needs its own)."""
+    if isinstance(go_type, GoStruct):
+        return lambda: zero_value(go_type)
+    constant = zero_value(go_type)
+    return lambda: constant
+
+
+@functools.cache
+def decoder_for(go_type: GoType) -> Decode:
+    """The decoding function of a type, built once: dispatching on the type per node is too slow."""
+    if isinstance(go_type, GoString):
+        return _string_decoder(go_type)
+    if isinstance(go_type, GoInt):
+        return _integer_decoder(go_type)
+    if isinstance(go_type, GoSlice):
+        return _slice_decoder(go_type)
+    if isinstance(go_type, GoMap):
+        return _map_decoder(go_type)
+    if isinstance(go_type, GoPointer):
+        return _pointer_decoder(go_type)
+    return _struct_decoder(go_type)
+
+
+def _string_decoder(go_type: GoString) -> Decode:
+    def decode_string(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
+        if type(node) is str:
+            return go_string(node)
+        if node is not None:
+            decoder.mismatch(node, go_type)
+        return current
+
+    return decode_string
+
+
+def _integer_decoder(go_type: GoInt) -> Decode:
+    def decode_integer(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
+        if type(node) is JsonNumber:
+            text = node.text
+            # a JSON number is an integer literal unless it has a fraction or an exponent
+            if "." not in text and "e" not in text and "E" not in text:
+                value = parse_integer(text, go_type)
+                if value is not None:
+                    return value
+        elif node is None:
+            return current
+        decoder.mismatch(node, go_type)
+        return current
+
+    return decode_integer
+
+
+def _slice_decoder(go_type: GoSlice) -> Decode:
+    decode_elem = decoder_for(go_type.elem)
+    make_zero = zero_factory(go_type.elem)
+    is_bytes = go_type.elem == UINT8
+
+    def decode_slice(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
+        if type(node) is list:
+            # Go decodes into the slice's existing elements, then into zero values
+            existing = current if type(current) is list else []
+            count = len(existing)
+            return [
+                decode_elem(decoder, item, existing[index] if index < count else make_zero())
+                for index, item in enumerate(node)
+            ]
         if node is None:
-            return current if isinstance(go_type, GoString | GoInt) else None
-        if isinstance(go_type, GoString):
-            if isinstance(node, str):
-                return go_string(node)
-            self._mismatch(node, go_type)
-            return current
-        if isinstance(go_type, GoInt):
-            return self._integer(go_type, node, current)
-        if isinstance(go_type, GoSlice):
-            return self._slice(go_type, node, current)
-        if isinstance(go_type, GoMap):
-            return self._map(go_type, node, current)
-        target = _as_struct(current) if current is not None else _as_struct(zero_value(go_type.elem))
-        return self._struct(go_type.elem, node, target)
-
-    def _integer(self, go_type: GoInt, node: object, current: GoValue) -> GoValue:
-        if not isinstance(node, JsonNumber):
-            self._mismatch(node, go_type)
-            return current
-        value = self.parse_integer(node.text, go_type)
-        if value is None:
-            self._mismatch(node, go_type)
-            return current
-        return value
-
-    @staticmethod
-    def parse_integer(text: str, go_type: GoInt) -> int | None:
-        """strconv.ParseInt/ParseUint base 10 plus the type's range check; None when Go would fail."""
-        if _INT_KEY.fullmatch(text) is None or len(text) > 24:
             return None
-        if not go_type.signed and text.startswith("-"):
-            return None
-        value = int(text)
-        if go_type.signed:
-            limit = 1 << (go_type.bits - 1)
-            return value if -limit <= value < limit else None
-        return value if value < (1 << go_type.bits) else None
+        if is_bytes and type(node) is str:
+            return _decode_base64(decoder, node, current)
+        decoder.mismatch(node, go_type)
+        return current
 
-    def _slice(self, go_type: GoSlice, node: object, current: GoValue) -> GoValue:
-        if go_type.elem == UINT8 and isinstance(node, str):
-            return self._base64(node, current)
-        if not isinstance(node, list):
-            self._mismatch(node, go_type)
-            return current
-        existing = current if isinstance(current, list) else []
-        result: list[GoValue] = []
-        for index, item in enumerate(node):
-            base = existing[index] if index < len(existing) else zero_value(go_type.elem)
-            result.append(self.decode(go_type.elem, item, base))
-        return result
+    return decode_slice
 
-    def _base64(self, text: str, current: GoValue) -> GoValue:
-        compact = text.replace("\r", "").replace("\n", "")
-        if _BASE64.fullmatch(compact) is None:
-            self.error("illegal base64 data in a []byte field")
-            return current
-        try:
-            return list(base64.b64decode(compact, validate=True))
-        except binascii.Error:
-            self.error("illegal base64 data in a []byte field")
-            return current
 
-    def _map(self, go_type: GoMap, node: object, current: GoValue) -> GoValue:
-        if not isinstance(node, JsonObject):
-            self._mismatch(node, go_type)
+def _decode_base64(decoder: GoDecoder, text: str, current: GoValue) -> GoValue:
+    compact = text.replace("\r", "").replace("\n", "")
+    if _BASE64.fullmatch(compact) is None:
+        decoder.error("illegal base64 data in a []byte field")
+        return current
+    try:
+        return list(base64.b64decode(compact, validate=True))
+    except binascii.Error:
+        decoder.error("illegal base64 data in a []byte field")
+        return current
+
+
+def _map_decoder(go_type: GoMap) -> Decode:
+    decode_elem = decoder_for(go_type.elem)
+    make_zero = zero_factory(go_type.elem)
+    key_type = go_type.key
+
+    def decode_map(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
+        if type(node) is not JsonObject:
+            if node is None:
+                return None
+            decoder.mismatch(node, go_type)
             return current
-        result = current if isinstance(current, dict) else {}
+        # an object adds to an existing map; each element starts from its zero value
+        result = current if type(current) is dict else {}
         for raw_key, item in node.members:
-            value = self.decode(go_type.elem, item, zero_value(go_type.elem))
+            value = decode_elem(decoder, item, make_zero())
             key = go_string(raw_key)
-            if isinstance(go_type.key, GoInt):
-                number = self.parse_integer(key, go_type.key)
+            if isinstance(key_type, GoInt):
+                number = parse_integer(key, key_type)
                 if number is None:
-                    self.error(f"cannot decode map key {key[:32]!r} into Go type {go_type.key.name}")
+                    decoder.error(f"cannot decode map key {key[:32]!r} into Go type {key_type.name}")
                     continue
                 result[number] = value
             else:
                 result[key] = value
         return result
 
-    def _struct(self, go_type: GoStruct, node: object, current: StructValue) -> StructValue:
-        if go_type.json_hook is not None:
-            return go_type.json_hook(self, node, current)
+    return decode_map
+
+
+def _pointer_decoder(go_type: GoPointer) -> Decode:
+    decode_elem = decoder_for(go_type.elem)
+
+    def decode_pointer(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
         if node is None:
-            return current
-        if not isinstance(node, JsonObject):
-            self._mismatch(node, go_type)
-            return current
-        exact, folded = _field_index(go_type)
+            return None
+        # a nil pointer gets a new zero struct; a non-nil one is decoded into
+        return decode_elem(decoder, node, current if current is not None else zero_value(go_type.elem))
+
+    return decode_pointer
+
+
+def _struct_decoder(go_type: GoStruct) -> Decode:
+    hook = go_type.json_hook
+    exact: dict[str, tuple[str, Decode]] = {}
+    folded: dict[str, tuple[str, Decode]] = {}
+    for go_field in go_type.fields:
+        target = (go_field.name, decoder_for(go_field.type))
+        exact.setdefault(go_field.json_name, target)
+        folded.setdefault(fold_name(go_field.json_name), target)
+
+    def decode_struct(decoder: GoDecoder, node: object, current: GoValue) -> GoValue:
+        value = _as_struct(current)
+        if hook is not None:
+            return hook(decoder, node, value)
+        if type(node) is not JsonObject:
+            if node is not None:
+                decoder.mismatch(node, go_type)
+            return value
         for raw_key, item in node.members:
-            target = exact.get(raw_key)
-            if target is None:
-                target = folded.get(fold_name(go_string(raw_key)))
-                if target is None:
-                    continue
-            current[target.name] = self.decode(target.type, item, current[target.name])
-        return current
+            target = exact.get(raw_key) or folded.get(fold_name(go_string(raw_key)))
+            if target is not None:
+                name, decode_field = target
+                value[name] = decode_field(decoder, item, value[name])
+        return value
+
+    return decode_struct
 
 
 def _as_struct(value: GoValue) -> StructValue:
     if not isinstance(value, dict):
         raise TypeError("a struct value must be a dict")
     return value
+
+
+FieldCache = dict[tuple[str, GoType], tuple[GoValue, str | None]]
+
+
+def decode_fields(
+    go_type: GoStruct, obj: JsonObject, initial: StructValue, cache: FieldCache
+) -> tuple[StructValue, str | None]:
+    """Decode an object into a struct field by field, reusing fields already decoded into another struct.
+
+    Equivalent to decoding the object at once: each member goes to one field, so fields do not interact.
+    Layouts of one checkpoint share most fields; decoding those once saves most of the work. The cache
+    assumes that a field with the same name and type starts from the same initial value in every layout.
+    """
+    value = dict(initial)
+    first_error: str | None = None
+    for go_field in go_type.fields:
+        key = (go_field.json_name, go_field.type)
+        if key not in cache:
+            decoder = GoDecoder()
+            decode_field = decoder_for(go_field.type)
+            wanted = fold_name(go_field.json_name)
+            field_value = initial[go_field.name]
+            for raw_key, item in obj.members:
+                if raw_key == go_field.json_name or fold_name(go_string(raw_key)) == wanted:
+                    field_value = decode_field(decoder, item, field_value)
+            cache[key] = (field_value, decoder.first_error)
+        value[go_field.name], error = cache[key]
+        first_error = first_error or error
+    return value, first_error
 
 
 def decode_document(go_type: GoType, node: object, initial: GoValue) -> tuple[GoValue, str | None]:

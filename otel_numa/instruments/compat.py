@@ -1,0 +1,50 @@
+"""numainfo_exporter's series, with its meaning, so its dashboards keep working (``--compat numainfo``).
+
+- ``numainfo_node_count{node}``: NUMA nodes of the machine.
+- ``numainfo_core_count{node,numanode="nodeNN",type="capacity"}``: CPUs of the NUMA node; with
+  ``type="allocation"``, its exclusive CPUs, for every node, only when the cpu manager state was read.
+- ``numainfo_version{...} 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from otel_numa import __version__
+from otel_numa.instruments.base import Instruments, Point
+from otel_numa.snapshot import Snapshot
+
+
+def register_numainfo(instruments: Instruments, node_name: str) -> None:
+    def node_count(snapshot: Snapshot) -> Iterator[Point]:
+        if snapshot.machine is not None:
+            yield len(snapshot.machine.topology.nodes), {"node": node_name}
+
+    def core_count(snapshot: Snapshot) -> Iterator[Point]:
+        if snapshot.machine is None:
+            return
+        allocated = snapshot.allocation.cpu_allocated
+        for node in snapshot.machine.topology.nodes:
+            numanode = f"node{node.id:02d}"
+            yield len(node.cpus), {"node": node_name, "numanode": numanode, "type": "capacity"}
+            if allocated is not None:  # no data is reported as no series, never as 0
+                yield (
+                    allocated.get(node.id, 0),
+                    {"node": node_name, "numanode": numanode, "type": "allocation"},
+                )
+
+    def version(_snapshot: Snapshot) -> Iterator[Point]:
+        yield (
+            1,
+            {
+                "version": "1",
+                "revision": __version__,
+                "branch": "otel-numa",
+                "goversion": "",
+                "kubeversion": "",
+            },
+        )
+
+    instruments.add("gauge", "numainfo_node_count", "", "NUMA nodes per node, count.", node_count)
+    instruments.add("gauge", "numainfo_core_count", "", "CPU cores per NUMA node, count.", core_count)
+    instruments.add("gauge", "numainfo_version", "", "Version information", version)
