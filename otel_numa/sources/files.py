@@ -31,6 +31,10 @@ def read_optional_text(path: Path) -> str | None:
         return None
 
 
+# Far above any real machine (the kernel's NR_CPUS tops out at 8192): a corrupt range must not eat memory.
+MAX_CPU_ID = 1 << 16
+
+
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse the kernel's list format, e.g. ``0-3,8,10-11`` (an empty string is the empty set)."""
     cpus: set[int] = set()
@@ -42,11 +46,14 @@ def parse_cpulist(text: str) -> frozenset[int]:
             if "-" in part:
                 low_text, high_text = part.split("-", 1)
                 low, high = int(low_text), int(high_text)
-                if high < low:
+                if high < low or high > MAX_CPU_ID:
                     raise ValueError(part)
                 cpus.update(range(low, high + 1))
             else:
-                cpus.add(int(part))
+                cpu = int(part)
+                if not 0 <= cpu <= MAX_CPU_ID:
+                    raise ValueError(part)
+                cpus.add(cpu)
         except ValueError as exc:
             raise SourceCorrupt(f"bad CPU list {text.strip()!r}") from exc
     return frozenset(cpus)

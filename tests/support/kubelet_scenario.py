@@ -152,11 +152,16 @@ def build_scenario(
 
 
 def parse_exposition(text: str) -> dict[str, dict[Labels, float]]:
-    """Prometheus text -> sample name -> {label set: value}, parsed by prometheus_client."""
+    """Prometheus text -> sample name -> {label set: value}, parsed by prometheus_client.
+
+    Labels with an empty value are dropped: for Prometheus an empty label is no label, and the exporter
+    writes one wherever another series of the family has that label.
+    """
     samples: dict[str, dict[Labels, float]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+            present = frozenset((key, value) for key, value in sample.labels.items() if value != "")
+            samples.setdefault(sample.name, {})[present] = sample.value
     return samples
 
 
@@ -165,7 +170,7 @@ def series(text: str, name: str, *, keep_node_name: bool = False) -> dict[Labels
     found = parse_exposition(text).get(name, {})
     if keep_node_name:
         return found
-    return {frozenset(kv for kv in labels if kv[0] != "k8s_node_name"): value for labels, value in found.items()}
+    return {frozenset(kv for kv in key if kv[0] != "k8s_node_name"): value for key, value in found.items()}
 
 
 def labels(**pairs: str | int) -> Labels:

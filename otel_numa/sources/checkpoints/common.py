@@ -10,9 +10,9 @@ from pathlib import Path
 
 from otel_numa.sources.checkpoints.gojson import (
     PARSE_ERROR,
+    FieldCache,
     GoStruct,
     GoType,
-    FieldCache,
     GoValue,
     JsonObject,
     StructValue,

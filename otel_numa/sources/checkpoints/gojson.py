@@ -156,13 +156,14 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_json(data: bytes | str) -> object:
+def parse_json(data: bytes | bytearray | str) -> object:
     """Parse JSON text into nodes: JsonObject, list, str, JsonNumber, bool, None.
 
     Raises SourceCorrupt("parse_error") for anything Go's scanner rejects: bad syntax, trailing data, a
     byte-order mark, NaN/Infinity, an empty input.
     """
-    text = data.decode("utf-8", _ERROR_HANDLER) if isinstance(data, bytes) else data
+    # decoded here, not by json.loads, which would also guess UTF-16 and UTF-32
+    text = data if isinstance(data, str) else bytes(data).decode("utf-8", _ERROR_HANDLER)
     try:
         return json.loads(
             text,

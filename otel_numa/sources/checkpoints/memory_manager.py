@@ -186,12 +186,14 @@ def _layout(name: str, version_type: str, pod_entries: bool) -> Layout:
     def hashed(value: StructValue) -> tuple[GoType, GoValue]:
         return pointer, {**value, "Checksum": 0}
 
+    # the kubelet renames the type before hashing; some builds hash v2/v3 under the versioned name
+    renamed = ((version_type, "MemoryManagerCheckpoint", 1),)
     return Layout(
         name=name,
         go_type=struct,
         make_initial=lambda: _with_empty_maps(struct),
         hashed=hashed,
-        hash_variants=(((version_type, "MemoryManagerCheckpoint", 1),), ()),
+        hash_variants=(renamed,) if name == "v1" else (renamed, ()),
     )
 
 
