@@ -181,7 +181,7 @@ def _cpu_allocated(
         return None
     exclusive: set[int] = set()
     for owner, by_container in state.cpu.entries.items():
-        # v1 (<= 1.17) keys entries by container id: no pod UID, so no liveness check and no per-container series
+        # v1 (<= 1.17) keys entries by container id: no pod UID, no liveness check, no per-container series
         if state.cpu.entries_keyed_by_container_id:
             for cpus in by_container.values():
                 exclusive |= cpus

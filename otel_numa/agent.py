@@ -48,7 +48,7 @@ class Agent:
         )
 
     def _account(self, kubelet: KubeletState, topology: Topology) -> Allocation:
-        """Accounting is redone only when an input changed (collectors hand back the same objects otherwise)."""
+        """Accounting is redone only when an input changed (collectors return the same objects otherwise)."""
         inputs = (topology, *(getattr(kubelet, name) for name in KubeletState.__slots__))
         if len(inputs) != len(self._allocation_inputs) or any(
             new is not old for new, old in zip(inputs, self._allocation_inputs, strict=True)
@@ -110,7 +110,7 @@ class Agent:
             if shutdown is not None:
                 shutdown()
         if self.pipeline is not None:
-            # One last export with what is left of the budget, unless a push is already hanging on the collector.
+            # One last export with what is left of the budget, unless a push already hangs on the collector.
             budget = min(self.settings.otlp_timeout, deadline - time.monotonic() - 0.5)
             if not push_stuck and budget > 0.2:
                 self.pipeline.push(timeout_s=budget)

@@ -21,7 +21,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
     clean.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "otel_numa", *args], capture_output=True, text=True, env=clean, cwd=REPO, timeout=60
+        [sys.executable, "-m", "otel_numa", *args],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=REPO,
+        timeout=60,
     )
 
 
@@ -113,7 +118,9 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
 
 def test_flags_over_environment_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "agent.yaml"
-    config.write_text("interval: 30\nnode_name: from-file\nexporters: [otlp]\nreserved_cpus: 0-1\ndisable: [usage]\n")
+    config.write_text(
+        "interval: 30\nnode_name: from-file\nexporters: [otlp]\nreserved_cpus: 0-1\ndisable: [usage]\n"
+    )
     for key in list(os.environ):
         if key.startswith(("OTEL_", "NODE_NAME")):
             monkeypatch.delenv(key)
@@ -135,7 +142,9 @@ def test_otlp_endpoint_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         if key.startswith("OTEL_"):
             monkeypatch.delenv(key)
     assert load_settings([])[0].otlp_url == "http://localhost:4317"
-    assert load_settings(["--otlp-protocol", "http/protobuf"])[0].otlp_url == "http://localhost:4318/v1/metrics"
+    assert (
+        load_settings(["--otlp-protocol", "http/protobuf"])[0].otlp_url == "http://localhost:4318/v1/metrics"
+    )
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     assert load_settings([])[0].otlp_url == "http://collector:4318/v1/metrics"

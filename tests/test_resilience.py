@@ -1,4 +1,4 @@
-"""A dead or slow collector never stops the Prometheus endpoint, never floods the log, never stalls shutdown."""
+"""A dead or slow collector never stops the Prometheus page, never floods the log, never stalls shutdown."""
 
 from __future__ import annotations
 
@@ -29,9 +29,22 @@ def test_slow_collector_does_not_hold_up_scrapes_or_shutdown(
     protocol: str, black_hole: int, tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
 ) -> None:
     sysfs, procfs = hwloc_root("16amd64-8n2c")
-    args = ["--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--exporter", "prometheus,otlp",
-            "--otlp-endpoint", f"http://127.0.0.1:{black_hole}", "--otlp-protocol", protocol,
-            "--interval", "1", "--kubelet-root", str(tmp_path / "none")]
+    args = [
+        "--sysfs-root",
+        str(sysfs),
+        "--procfs-root",
+        str(procfs),
+        "--exporter",
+        "prometheus,otlp",
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{black_hole}",
+        "--otlp-protocol",
+        protocol,
+        "--interval",
+        "1",
+        "--kubelet-root",
+        str(tmp_path / "none"),
+    ]
     with run_agent(args, tmp_path) as agent:
         slowest = 0.0
         deadline = time.monotonic() + 8
@@ -50,8 +63,11 @@ def test_slow_collector_does_not_hold_up_scrapes_or_shutdown(
         assert agent.stop(signal.SIGTERM, timeout_s=15) == 0
         assert time.monotonic() - started < 5.0
 
-    failures = [line for line in agent.log().splitlines() if "opentelemetry" in line and "WARNING" in line or
-                "ERROR" in line]
+    failures = [
+        line
+        for line in agent.log().splitlines()
+        if "opentelemetry" in line and ("WARNING" in line or "ERROR" in line)
+    ]
     # about 8 failed exports happened; at most one line per kind of failure per minute reaches the log
     kinds = {line.split(": ", 1)[-1][:60] for line in failures}
     assert len(failures) <= 2 * max(1, len(kinds)) and len(failures) <= 4, "\n".join(failures)

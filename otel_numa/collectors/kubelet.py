@@ -1,4 +1,4 @@
-"""The kubelet's checkpoint files -> :class:`KubeletState`, re-parsed only when a file's stat signature changes.
+"""The kubelet's checkpoints -> :class:`KubeletState`, re-parsed only when a file's stat signature changes.
 
 Everything under the kubelet root is opened read-only; nothing is created, locked or written there.
 """

@@ -57,7 +57,9 @@ class MachineCollector:
                 self._sysfs, lambda: sysfs.read_node_memory(root, proc, topology), last.memory if last else {}
             ),
             hugepages=read(
-                self._sysfs, lambda: sysfs.read_hugepages(root, topology, procfs_root=proc), last.hugepages if last else {}
+                self._sysfs,
+                lambda: sysfs.read_hugepages(root, topology, procfs_root=proc),
+                last.hugepages if last else {},
             ),
             numastat=read(
                 self._sysfs, lambda: sysfs.read_numastat(root, topology), last.numastat if last else {}

@@ -1,4 +1,4 @@
-"""Real peers for end-to-end tests, all on loopback: Debian's prometheus, rotel's OTLP collector, the agent."""
+"""Real peers for end-to-end tests, on loopback: Debian's prometheus, rotel's OTLP collector, the agent."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
             result = condition()
             if result:
                 return result
-        except Exception as exc:  # noqa: BLE001 (retrying until the deadline)
+        except Exception as exc:  # retried until the deadline
             last_error = exc
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
@@ -104,7 +104,9 @@ def run_agent(
     try:
         try:
             wait_for(
-                lambda: process.poll() is None and http_get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200,
+                lambda: (
+                    process.poll() is None and http_get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200
+                ),
                 30,
                 "the agent to be ready",
             )
@@ -141,7 +143,7 @@ class Prometheus:
         }
 
     def targets_up(self) -> bool:
-        status, body = http_get(f"http://127.0.0.1:{self.port}/api/v1/targets")
+        _, body = http_get(f"http://127.0.0.1:{self.port}/api/v1/targets")
         targets = json.loads(body)["data"]["activeTargets"]
         return bool(targets) and all(t["health"] == "up" for t in targets)
 
