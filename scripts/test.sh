@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-.venv/bin/ruff check otel_numa tests benchmarks
-.venv/bin/ruff format --check otel_numa tests benchmarks
+.venv/bin/ruff check otel_numa tests benchmarks config
+.venv/bin/ruff format --check otel_numa tests benchmarks config
 .venv/bin/mypy
 exec .venv/bin/pytest "$@"

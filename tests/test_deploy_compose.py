@@ -212,8 +212,10 @@ def test_agent_reads_the_host_and_the_demo_kubelet_read_only(services: dict[str,
     flags = agent_flags(agent)
     assert flags["sysfs-root"] == mount_target(agent, "/sys")
     assert flags["procfs-root"] == mount_target(agent, "/proc")
-    assert flags["cgroup-root"] == mount_target(agent, "/sys") + "/fs/cgroup"
     assert flags["kubelet-root"] == mount_target(agent, "./config/demo/kubelet")
+    assert flags["pod-logs-root"] == mount_target(agent, "./config/demo/pod-logs")
+    assert flags["container-logs-root"] == mount_target(agent, "./config/demo/container-logs")
+    assert flags["cgroup-root"] == mount_target(agent, "./config/demo/cgroup")
     assert flags["podresources-socket"] == "none", "there is no kubelet to answer pod-resources in the demo"
     assert agent.get("read_only") is True
     assert agent.get("cap_drop") == ["ALL"]

@@ -1,0 +1,187 @@
+"""Write the demo node state under config/demo/: what a Kubernetes node would add to a laptop.
+
+    .venv/bin/python config/demo/generate.py
+
+Three pods on a 4-NUMA-node machine (4 CPUs and 8 GiB per node, like the 16amd64-4n4c hwloc snapshot
+the tests pair it with; on a smaller laptop the CPUs it does not have are simply not counted):
+
+- default/web-0 (Burstable): container "app", no exclusive resources, a QAT device with no NUMA affinity
+- trading/matcher-0 (Guaranteed): container "engine" pinned to CPUs 4-7 (NUMA 1), 2 GiB of memory and
+  256 MiB of 2 MiB hugepages on NUMA 1, an SR-IOV VF on NUMA 1; 30% of its anonymous memory sits on NUMA 0
+  (memory locality 0.7: the case to alert on)
+- ml/trainer-0 (Guaranteed): container "train" on CPUs 10-13 (NUMA 2, 3), 4 GiB on NUMA 2-3, a GPU on NUMA 2
+
+The checkpoints carry checksums the kubelet itself would accept. Files are world-readable, because the image
+runs as a non-root user.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+
+from otel_numa.sources.checkpoints.device_manager import DeviceEntry  # noqa: E402
+from otel_numa.sources.checkpoints.memory_manager import MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
+from tests.support.cgroup_tree import FakeContainer, FakePod, write_cgroup_tree  # noqa: E402
+from tests.support.checkpoints import (  # noqa: E402
+    write_cpu_manager_state,
+    write_device_checkpoint,
+    write_memory_manager_state,
+)
+
+GIB = 1024**3
+MIB = 1024**2
+
+WEB = ("default", "web-0", "6f1c1e4e-3d4b-4c55-9a57-0d7f4c2b1a01")
+MATCHER = ("trading", "matcher-0", "0b8e5a2c-7c1d-4f0e-8b3a-5d6e7f809102")
+TRAINER = ("ml", "trainer-0", "c3d2e1f0-a9b8-4c7d-8e6f-5a4b3c2d1e03")
+PODS = (WEB, MATCHER, TRAINER)
+
+CONTAINER_IDS = {
+    (WEB[2], "app"): "a1" * 32,
+    (MATCHER[2], "engine"): "b2" * 32,
+    (TRAINER[2], "train"): "c3" * 32,
+}
+
+NODE_MEMORY = 8 * GIB
+HUGEPAGES_2M = 512 * 2 * MIB  # 512 x 2 MiB per node, as on the paired snapshot
+SYSTEM_RESERVED = {0: 1 * GIB, 1: 0, 2: 0, 3: 0}
+MEMORY_RESERVED = {0: 0, 1: 2 * GIB, 2: 4 * GIB, 3: 0}  # trainer's 4 GiB block spans 2-3, booked on 2
+HUGEPAGES_RESERVED = {0: 0, 1: 256 * MIB, 2: 0, 3: 0}
+
+
+def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:
+    allocatable = total - system_reserved
+    return MemoryTable(total, system_reserved, allocatable, reserved, allocatable - reserved)
+
+
+def write_kubelet(root: Path) -> None:
+    root.mkdir(parents=True)
+    write_cpu_manager_state(
+        root / "cpu_manager_state",
+        "static",
+        [0, 1, 2, 3, 8, 9, 14, 15],
+        {MATCHER[2]: {"engine": range(4, 8)}, TRAINER[2]: {"train": range(10, 14)}},
+    )
+    machine_state = {
+        numa: NumaMemoryState(
+            number_of_assignments=1 if numa in (1, 2, 3) else 0,
+            cells=(2, 3) if numa in (2, 3) else (numa,),
+            memory_map={
+                "memory": _table(NODE_MEMORY, SYSTEM_RESERVED[numa], MEMORY_RESERVED[numa]),
+                "hugepages-2Mi": _table(HUGEPAGES_2M, 0, HUGEPAGES_RESERVED[numa]),
+            },
+        )
+        for numa in range(4)
+    }
+    write_memory_manager_state(
+        root / "memory_manager_state",
+        "Static",
+        machine_state,
+        {
+            MATCHER[2]: {
+                "engine": [
+                    MemoryBlock((1,), "memory", 2 * GIB),
+                    MemoryBlock((1,), "hugepages-2Mi", 256 * MIB),
+                ]
+            },
+            TRAINER[2]: {"train": [MemoryBlock((2, 3), "memory", 4 * GIB)]},
+        },
+    )
+    devices = root / "device-plugins"
+    devices.mkdir(parents=True, exist_ok=True)
+    write_device_checkpoint(
+        devices / "kubelet_internal_checkpoint",
+        [
+            DeviceEntry(WEB[2], "app", "intel.com/qat", {-1: ("qat-0000:3d:00.1",)}),
+            DeviceEntry(MATCHER[2], "engine", "example.com/sriov-vf", {1: ("0000:5e:02.3",)}),
+            DeviceEntry(TRAINER[2], "train", "nvidia.com/gpu", {2: ("GPU-4f5e6d7c",)}),
+        ],
+        {
+            "intel.com/qat": ["qat-0000:3d:00.1", "qat-0000:3d:00.2"],
+            "example.com/sriov-vf": ["0000:5e:02.3", "0000:5e:02.4"],
+            "nvidia.com/gpu": ["GPU-4f5e6d7c", "GPU-8a9b0c1d"],
+        },
+    )
+    for _, _, uid in PODS:
+        (root / "pods" / uid).mkdir(parents=True, exist_ok=True)
+        (root / "pods" / uid / ".keep").write_text("")
+
+
+def write_logs(pod_logs: Path, container_logs: Path) -> None:
+    for namespace, name, uid in PODS:
+        directory = pod_logs / f"{namespace}_{name}_{uid}"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / ".keep").write_text("")
+    container_logs.mkdir(parents=True, exist_ok=True)
+    for (uid, container), container_id in CONTAINER_IDS.items():
+        namespace, name, _ = next(pod for pod in PODS if pod[2] == uid)
+        link = container_logs / f"{name}_{namespace}_{container}-{container_id}.log"
+        os.symlink(f"/var/log/pods/{namespace}_{name}_{uid}/{container}/0.log", link)
+
+
+def write_cgroups(root: Path) -> None:
+    pods = [
+        FakePod(
+            WEB[2],
+            "burstable",
+            (
+                FakeContainer(
+                    CONTAINER_IDS[(WEB[2], "app")],
+                    {"anon": {0: 96 * MIB, 1: 32 * MIB}},
+                    "0-3,8-9,14-15",
+                    "0-3",
+                ),
+            ),
+        ),
+        FakePod(
+            MATCHER[2],
+            "guaranteed",
+            (
+                FakeContainer(
+                    CONTAINER_IDS[(MATCHER[2], "engine")],
+                    {"anon": {0: 300 * MIB, 1: 700 * MIB}, "file": {1: 64 * MIB}},
+                    "4-7",
+                    "1",
+                    cpu_usage_usec=5_000_000,
+                ),
+            ),
+        ),
+        FakePod(
+            TRAINER[2],
+            "guaranteed",
+            (
+                FakeContainer(
+                    CONTAINER_IDS[(TRAINER[2], "train")],
+                    {"anon": {2: 2 * GIB, 3: 1 * GIB}},
+                    "10-13",
+                    "2-3",
+                    cpu_usage_usec=8_000_000,
+                ),
+            ),
+        ),
+    ]
+    write_cgroup_tree(root, "v2", "systemd", pods, nodes=(0, 1, 2, 3))
+
+
+def main() -> None:
+    for name in ("kubelet", "pod-logs", "container-logs", "cgroup"):
+        shutil.rmtree(HERE / name, ignore_errors=True)
+    write_kubelet(HERE / "kubelet")
+    write_logs(HERE / "pod-logs", HERE / "container-logs")
+    write_cgroups(HERE / "cgroup")
+    (HERE / "kubelet" / "README.md").write_text(
+        "Demo kubelet state written by ../generate.py; see ../README.md.\n"
+    )
+    for path in HERE.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+if __name__ == "__main__":
+    main()
