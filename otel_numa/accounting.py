@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from otel_numa.join import JoinedPodResources
 from otel_numa.sources.checkpoints.cpu_manager import CpuManagerState
 from otel_numa.sources.checkpoints.device_manager import DeviceManagerState
 from otel_numa.sources.checkpoints.memory_manager import MemoryManagerState
+from otel_numa.sources.podresources import ContainerDevices, ContainerMemory, ContainerResources
 from otel_numa.sources.sysfs import HugepagePool, NodeMemory, Topology
 
 NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
@@ -31,6 +33,8 @@ class ContainerRef:
     container_name: str
     pod_name: str | None = None
     namespace: str | None = None
+    # opt-in runtime enrichment put straight on the per-container series (enrich_mode=attributes)
+    extra_attributes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,10 @@ class Allocation:
     device_capacity: Mapping[DeviceKey, int] | None = None
     device_allocated: Mapping[DeviceKey, int] | None = None
     containers: tuple[ContainerAllocation, ...] = ()
+    # (pod uid, container) whose checkpoint allocation differs from podresources' (which won)
+    disagreements: frozenset[tuple[str, str]] = frozenset()
+    # (pod uid, container) -> enrichment attributes of numa.container.info (opt-in, from the runtime)
+    container_info: Mapping[tuple[str, str], Mapping[str, str]] | None = None
 
 
 def hugepage_size_label(size_kib: int) -> str:
@@ -101,6 +109,8 @@ class KubeletState:
     # podresources' allocatable view; it wins over what the checkpoints and settings imply
     allocatable_cpus: frozenset[int] | None = None
     allocatable_devices: Mapping[DeviceKey, int] | None = None
+    # podresources' answer joined to UIDs (see otel_numa.join); where it disagrees with a checkpoint it wins
+    podresources: JoinedPodResources | None = None
 
 
 def device_numa(numa_ids: Iterable[int]) -> int:
@@ -129,7 +139,7 @@ def compute_allocation(
     memory = _memory_allocation(state, live, totals)
     device_allocated = _device_allocated(state, live, totals)
 
-    return Allocation(
+    allocation = Allocation(
         cpu_allocatable=_cpu_allocatable(state, topology, reserved_cpus),
         cpu_allocated=cpu_allocated,
         memory_allocatable=memory[0],
@@ -143,6 +153,7 @@ def compute_allocation(
             for (uid, name), totals_ in sorted(containers.items())
         ),
     )
+    return allocation if state.podresources is None else apply_podresources(allocation, state, topology)
 
 
 @dataclass

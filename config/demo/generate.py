@@ -1,6 +1,6 @@
 """Write the demo node state under config/demo/: what a Kubernetes node would add to a laptop.
 
-    .venv/bin/python config/demo/generate.py
+    .venv/bin/python config/demo/generate.py [DEST]     (default: this directory)
 
 Three pods on a 4-NUMA-node machine (4 CPUs and 8 GiB per node, like the 16amd64-4n4c hwloc snapshot
 the tests pair it with; on a smaller laptop the CPUs it does not have are simply not counted):
@@ -169,19 +169,20 @@ def write_cgroups(root: Path) -> None:
     write_cgroup_tree(root, "v2", "systemd", pods, nodes=(0, 1, 2, 3))
 
 
-def main() -> None:
+def main(dest: Path) -> None:
     for name in ("kubelet", "pod-logs", "container-logs", "cgroup"):
-        shutil.rmtree(HERE / name, ignore_errors=True)
-    write_kubelet(HERE / "kubelet")
-    write_logs(HERE / "pod-logs", HERE / "container-logs")
-    write_cgroups(HERE / "cgroup")
-    (HERE / "kubelet" / "README.md").write_text(
+        shutil.rmtree(dest / name, ignore_errors=True)
+    write_kubelet(dest / "kubelet")
+    write_logs(dest / "pod-logs", dest / "container-logs")
+    write_cgroups(dest / "cgroup")
+    (dest / "kubelet" / "README.md").write_text(
         "Demo kubelet state written by ../generate.py; see ../README.md.\n"
     )
-    for path in HERE.rglob("*"):
-        if not path.is_symlink():
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    for name in ("kubelet", "pod-logs", "container-logs", "cgroup"):
+        for path in (dest / name).rglob("*"):
+            if not path.is_symlink():
+                path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)

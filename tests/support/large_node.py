@@ -1,0 +1,408 @@
+"""Large synthetic Kubernetes nodes: sysfs, procfs, the kubelet's state, pod logs and cgroups, all consistent.
+
+The default :class:`LargeNodeSpec` is the largest node the agent is sized for: 16 NUMA nodes, 1,024 CPUs,
+4 hugepage sizes, 250 pods x 4 containers in the CPU, memory and device checkpoints, 64 devices over 4
+resources. Scale and fault tests and the benchmarks share it::
+
+    node = write_large_node(tmp_path)                      # or LargeNodeSpec(numa_nodes=8, cpus_per_node=48)
+    agent = Agent(Settings(**node.settings_values()))
+    node.write_checkpoints(generation=1)                   # every checkpoint changes (valid checksums)
+
+The files come from the existing builders (:mod:`tests.support.sysfs_tree`, :mod:`tests.support.checkpoints`,
+:mod:`tests.support.cgroup_tree`); this module only plans who gets what. The plan is also returned as
+plain numbers (:class:`ExpectedAllocation`), so a test can check the agent's series against it.
+
+Placement: container ``c`` (global index, pods in order) is pinned to one exclusive CPU on NUMA node
+``(c + generation) % numa_nodes``, the first ``reserved_cpus_per_node`` CPUs of every node forming the
+kubelet's reserved, shared pool. Its memory block (and, for the first container of each pod, a hugepage
+block) sits on the same node. Device ``k`` of a resource is on NUMA node ``k % numa_nodes``, except that
+the last resource has no NUMA affinity (``-1``); the first ``devices`` containers get one device each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, NumaMemoryState
+from otel_numa.sources.checkpoints.memory_manager import MemoryTable
+from tests.support.cgroup_tree import FakePod, make_pods, write_cgroup_tree
+from tests.support.checkpoints import (
+    cpu_manager_state_bytes,
+    device_checkpoint_bytes,
+    memory_manager_state_bytes,
+    write_atomically,
+)
+from tests.support.sysfs_tree import NodeSpec, write_machine
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+DEFAULT_RESOURCES = ("nvidia.com/gpu", "example.com/sriov-vf", "intel.com/qat", "example.com/license")
+# arm64 with 4 KiB base pages offers all four; x86 has the middle two
+DEFAULT_HUGEPAGE_SIZES_KIB = (64, 2048, 32768, 1048576)
+
+
+@dataclass(frozen=True)
+class LargeNodeSpec:
+    numa_nodes: int = 16
+    cpus_per_node: int = 64
+    mem_per_node_kib: int = 64 << 20  # 64 GiB
+    hugepage_sizes_kib: tuple[int, ...] = DEFAULT_HUGEPAGE_SIZES_KIB
+    pods: int = 250
+    containers_per_pod: int = 4
+    device_resources: tuple[str, ...] = DEFAULT_RESOURCES
+    devices_per_resource: int = 16
+    reserved_cpus_per_node: int = 1
+    container_memory_bytes: int = 256 * MIB
+    cpu_layout: str = "v2"
+    memory_layout: str = "v2"
+    cgroups: bool = True  # write a cgroup v2 tree (systemd driver) for the containers
+    namespace: str = "bench"
+
+    @property
+    def cpus(self) -> int:
+        return self.numa_nodes * self.cpus_per_node
+
+    @property
+    def containers(self) -> int:
+        return self.pods * self.containers_per_pod
+
+    @property
+    def devices(self) -> int:
+        return len(self.device_resources) * self.devices_per_resource
+
+
+def machine_only(numa_nodes: int, cpus_per_node: int) -> LargeNodeSpec:
+    """A machine with an empty kubelet: no checkpoints, pods, devices or cgroups (e.g. 8 x 48 CPUs)."""
+    return LargeNodeSpec(
+        numa_nodes=numa_nodes,
+        cpus_per_node=cpus_per_node,
+        hugepage_sizes_kib=(2048, 1048576),
+        pods=0,
+        devices_per_resource=0,
+        cgroups=False,
+    )
+
+
+@dataclass(frozen=True)
+class ExpectedAllocation:
+    """What the checkpoints of one generation hand out, counted from the plan (not from the agent)."""
+
+    cpus_by_numa: Mapping[int, int]  # exclusive CPUs
+    memory_by_numa: Mapping[int, int]  # bytes reserved for containers
+    hugepages_by_numa: Mapping[tuple[int, str], int]  # (numa id, "hugepages-2Mi") -> bytes
+    devices_by_numa: Mapping[tuple[int, str], int]  # (numa id or -1, resource) -> devices
+    containers: int
+
+
+def hugepage_resource(size_kib: int) -> str:
+    """The kubelet's resource name: ``hugepages-2Mi``, ``hugepages-1Gi``, ``hugepages-64Ki``."""
+    for unit, factor in (("Gi", 1 << 20), ("Mi", 1 << 10)):
+        if size_kib % factor == 0:
+            return f"hugepages-{size_kib // factor}{unit}"
+    return f"hugepages-{size_kib}Ki"
+
+
+def _hugepage_pools(spec: LargeNodeSpec) -> dict[int, tuple[int, int]]:
+    """Per-node pools, page size KiB -> (total, free): about 4 GiB per size, a quarter in use."""
+    pools: dict[int, tuple[int, int]] = {}
+    for size in spec.hugepage_sizes_kib:
+        total = max(1, (4 << 20) // size)
+        pools[size] = (total, total - total // 4)
+    return pools
+
+
+def container_name(index: int) -> str:
+    return f"app-{index}"
+
+
+@dataclass(frozen=True)
+class _Placement:
+    pod_uid: str
+    pod_index: int
+    name: str
+    numa: int
+    cpu: int
+
+
+class LargeNode:
+    """The written node: its roots, its pods and the checkpoints of any generation."""
+
+    def __init__(self, spec: LargeNodeSpec, root: Path, pods: tuple[FakePod, ...]) -> None:
+        self.spec = spec
+        self.root = root
+        self.sysfs_root = root / "sys"
+        self.procfs_root = root / "proc"
+        self.kubelet_root = root / "kubelet"
+        self.pod_logs_root = root / "pod-logs"
+        self.container_logs_root = root / "container-logs"
+        self.cgroup_root = root / "cgroup"
+        self.pods = pods
+
+    # paths --------------------------------------------------------------------------------------
+
+    @property
+    def cpu_manager_path(self) -> Path:
+        return self.kubelet_root / "cpu_manager_state"
+
+    @property
+    def memory_manager_path(self) -> Path:
+        return self.kubelet_root / "memory_manager_state"
+
+    @property
+    def device_checkpoint_path(self) -> Path:
+        return self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
+
+    def pod_name(self, pod_index: int) -> str:
+        return f"pod-{pod_index:04d}"
+
+    def reserved_cpus(self) -> frozenset[int]:
+        per_node = self.spec.cpus_per_node
+        return frozenset(
+            node * per_node + offset
+            for node in range(self.spec.numa_nodes)
+            for offset in range(self.spec.reserved_cpus_per_node)
+        )
+
+    # the agent's view ---------------------------------------------------------------------------
+
+    def cli_args(self) -> list[str]:
+        """The agent's flags for this node (no podresources socket: the checkpoints alone decide)."""
+        return [
+            "--sysfs-root",
+            str(self.sysfs_root),
+            "--procfs-root",
+            str(self.procfs_root),
+            "--kubelet-root",
+            str(self.kubelet_root),
+            "--pod-logs-root",
+            str(self.pod_logs_root),
+            "--container-logs-root",
+            str(self.container_logs_root),
+            "--cgroup-root",
+            str(self.cgroup_root),
+            "--podresources-socket",
+            "none",
+            "--node-name",
+            "large-node",
+        ]
+
+    def settings_values(self) -> dict[str, object]:
+        """Keyword arguments for ``Settings`` matching :meth:`cli_args`, with both HTTP endpoints off."""
+        return {
+            "sysfs_root": self.sysfs_root,
+            "procfs_root": self.procfs_root,
+            "kubelet_root": self.kubelet_root,
+            "pod_logs_root": self.pod_logs_root,
+            "container_logs_root": self.container_logs_root,
+            "cgroup_root": self.cgroup_root,
+            "podresources_socket": "none",
+            "node_name": "large-node",
+            "prometheus_address": "none",
+            "health_address": "none",
+        }
+
+    # the plan -----------------------------------------------------------------------------------
+
+    def _placements(self, generation: int) -> list[_Placement]:
+        spec = self.spec
+        free_cpus: dict[int, list[int]] = {
+            numa: [
+                numa * spec.cpus_per_node + offset
+                for offset in range(spec.reserved_cpus_per_node, spec.cpus_per_node)
+            ]
+            for numa in range(spec.numa_nodes)
+        }
+        placements: list[_Placement] = []
+        for pod_index, pod in enumerate(self.pods):
+            for index in range(spec.containers_per_pod):
+                serial = pod_index * spec.containers_per_pod + index
+                numa = (serial + generation) % spec.numa_nodes
+                if not free_cpus[numa]:
+                    raise ValueError(f"NUMA node {numa} has too few CPUs for {spec.containers} containers")
+                cpu = free_cpus[numa].pop(0)
+                placements.append(_Placement(pod.uid, pod_index, container_name(index), numa, cpu))
+        return placements
+
+    def _memory_blocks(self, placement: _Placement) -> list[MemoryBlock]:
+        blocks = [MemoryBlock((placement.numa,), "memory", self.spec.container_memory_bytes)]
+        if placement.name == container_name(0) and self.spec.hugepage_sizes_kib:
+            size_kib = self.spec.hugepage_sizes_kib[placement.pod_index % len(self.spec.hugepage_sizes_kib)]
+            blocks.append(MemoryBlock((placement.numa,), hugepage_resource(size_kib), size_kib * KIB))
+        return blocks
+
+    def _device_numa(self, resource_index: int, device_index: int) -> int:
+        if resource_index == len(self.spec.device_resources) - 1:
+            return -1
+        return device_index % self.spec.numa_nodes
+
+    def _device_entries(self, placements: Sequence[_Placement], generation: int) -> list[DeviceEntry]:
+        resources = self.spec.device_resources
+        entries: list[DeviceEntry] = []
+        for number in range(min(self.spec.devices, len(placements))):
+            placement = placements[(number + generation) % len(placements)]
+            resource_index, device_index = number % len(resources), number // len(resources)
+            device_id = f"{resources[resource_index].rpartition('/')[2]}-{device_index}"
+            numa = self._device_numa(resource_index, device_index)
+            entries.append(
+                DeviceEntry(placement.pod_uid, placement.name, resources[resource_index], {numa: (device_id,)})
+            )
+        return entries
+
+    def expected(self, generation: int = 0) -> ExpectedAllocation:
+        placements = self._placements(generation)
+        memory: Counter[int] = Counter()
+        hugepages: Counter[tuple[int, str]] = Counter()
+        for placement in placements:
+            for block in self._memory_blocks(placement):
+                if block.resource == "memory":
+                    memory[block.numa_affinity[0]] += block.size
+                else:
+                    hugepages[(block.numa_affinity[0], block.resource)] += block.size
+        devices: Counter[tuple[int, str]] = Counter()
+        for entry in self._device_entries(placements, generation):
+            for numa, ids in entry.devices_by_numa.items():
+                devices[(numa, entry.resource_name)] += len(ids)
+        return ExpectedAllocation(
+            cpus_by_numa=dict(Counter(p.numa for p in placements)),
+            memory_by_numa=dict(memory),
+            hugepages_by_numa=dict(hugepages),
+            devices_by_numa=dict(devices),
+            containers=len(placements),
+        )
+
+    # checkpoints --------------------------------------------------------------------------------
+
+    def checkpoint_bytes(self, generation: int = 0) -> dict[Path, bytes]:
+        """The three checkpoints of ``generation``; consecutive generations differ in every file."""
+        spec = self.spec
+        placements = self._placements(generation)
+        cpu_entries: dict[str, dict[str, set[int]]] = defaultdict(dict)
+        memory_entries: dict[str, dict[str, list[MemoryBlock]]] = defaultdict(dict)
+        for placement in placements:
+            cpu_entries[placement.pod_uid][placement.name] = {placement.cpu}
+            memory_entries[placement.pod_uid][placement.name] = self._memory_blocks(placement)
+        taken = {placement.cpu for placement in placements}
+        default_cpus = set(range(spec.cpus)) - taken
+
+        expected = self.expected(generation)
+        pools = _hugepage_pools(spec)
+        machine_state: dict[int, NumaMemoryState] = {}
+        for numa in range(spec.numa_nodes):
+            system_reserved = GIB if numa == 0 else 0
+            tables = {"memory": _table(spec.mem_per_node_kib * KIB, system_reserved, expected.memory_by_numa.get(numa, 0))}
+            for size_kib, (total_pages, _) in pools.items():
+                resource = hugepage_resource(size_kib)
+                used = expected.hugepages_by_numa.get((numa, resource), 0)
+                tables[resource] = _table(total_pages * size_kib * KIB, 0, used)
+            assignments = sum(1 for placement in placements if placement.numa == numa)
+            machine_state[numa] = NumaMemoryState(assignments, (numa,), tables)
+
+        resources = spec.device_resources
+        registered = {
+            resource: [f"{resource.rpartition('/')[2]}-{index}" for index in range(spec.devices_per_resource)]
+            for resource in resources
+        }
+        return {
+            self.cpu_manager_path: cpu_manager_state_bytes(
+                "static", default_cpus, cpu_entries, layout=spec.cpu_layout
+            ),
+            self.memory_manager_path: memory_manager_state_bytes(
+                "Static", machine_state, memory_entries, layout=spec.memory_layout
+            ),
+            self.device_checkpoint_path: device_checkpoint_bytes(
+                self._device_entries(placements, generation),
+                {name: ids for name, ids in registered.items() if ids},
+            ),
+        }
+
+    def write_checkpoints(self, generation: int = 0) -> None:
+        """Replace every checkpoint with generation ``generation``'s, the way the kubelet writes them."""
+        for path, data in self.checkpoint_bytes(generation).items():
+            write_atomically(path, data)
+
+
+def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:
+    allocatable = total - system_reserved
+    return MemoryTable(total, system_reserved, allocatable, reserved, allocatable - reserved)
+
+
+def machine_nodes(spec: LargeNodeSpec) -> list[NodeSpec]:
+    """The NUMA nodes of ``spec`` for :func:`write_machine`, with distances 10/16/32 by socket."""
+    pools = _hugepage_pools(spec)
+    per_socket = max(1, spec.numa_nodes // 2)
+
+    def distance(a: int, b: int) -> int:
+        if a == b:
+            return 10
+        return 16 if a // per_socket == b // per_socket else 32
+
+    return [
+        NodeSpec(
+            id=numa,
+            cpus=range(numa * spec.cpus_per_node, (numa + 1) * spec.cpus_per_node),
+            mem_total_kib=spec.mem_per_node_kib,
+            mem_free_kib=spec.mem_per_node_kib // 2 + numa * 1024,
+            hugepages=pools,
+            numastat={"numa_hit": 10_000_000 * (numa + 1), "local_node": 9_000_000 * (numa + 1)},
+            distances=[distance(numa, other) for other in range(spec.numa_nodes)],
+        )
+        for numa in range(spec.numa_nodes)
+    ]
+
+
+def write_large_node(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode:
+    """Write the node of ``spec`` (default: the largest) under ``root``, with generation 0's checkpoints."""
+    spec = spec or LargeNodeSpec()
+    write_machine(root, machine_nodes(spec), hugepage_sizes_kib=spec.hugepage_sizes_kib)
+    numa_ids = list(range(spec.numa_nodes))
+    pods = make_pods(spec.pods, spec.containers_per_pod, nodes=numa_ids) if spec.pods else ()
+    node = LargeNode(spec, root, pods)
+    (node.kubelet_root / "pods").mkdir(parents=True)
+    (node.kubelet_root / "device-plugins").mkdir()
+    node.pod_logs_root.mkdir()
+    node.container_logs_root.mkdir()
+    if spec.pods:
+        _write_pod_directories(node)
+        node.write_checkpoints(0)
+    if spec.cgroups and spec.pods:
+        _write_cgroups(node, numa_ids)
+    return node
+
+
+def _write_pod_directories(node: LargeNode) -> None:
+    """``pods/<uid>/containers/<name>``, ``<pod-logs>/<ns>_<pod>_<uid>/<name>/0.log`` and the
+    ``<container-logs>/<pod>_<ns>_<name>-<id>.log`` links, as the kubelet lays them out."""
+    namespace = node.spec.namespace
+    for pod_index, pod in enumerate(node.pods):
+        pod_name = node.pod_name(pod_index)
+        log_dir = node.pod_logs_root / f"{namespace}_{pod_name}_{pod.uid}"
+        for index, container in enumerate(pod.containers):
+            name = container_name(index)
+            (node.kubelet_root / "pods" / pod.uid / "containers" / name).mkdir(parents=True)
+            (log_dir / name).mkdir(parents=True)
+            log_file = log_dir / name / "0.log"
+            log_file.write_text("")
+            link = node.container_logs_root / f"{pod_name}_{namespace}_{name}-{container.container_id}.log"
+            os.symlink(log_file, link)
+
+
+def _write_cgroups(node: LargeNode, numa_ids: Sequence[int]) -> None:
+    """A cgroup v2 tree whose effective cpusets and mems match the generation-0 placement."""
+    by_container = {(p.pod_uid, p.name): p for p in node._placements(0)}
+    pinned: list[FakePod] = []
+    for pod in node.pods:
+        containers = []
+        for index, container in enumerate(pod.containers):
+            placement = by_container[(pod.uid, container_name(index))]
+            containers.append(
+                dataclasses.replace(container, cpus=str(placement.cpu), mems=str(placement.numa))
+            )
+        pinned.append(dataclasses.replace(pod, containers=tuple(containers)))
+    write_cgroup_tree(node.cgroup_root, "v2", "systemd", pinned, nodes=numa_ids)
