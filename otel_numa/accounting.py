@@ -278,3 +278,164 @@ def _device_allocated(
             devices = totals(uid, container).devices
             devices[key] = devices.get(key, 0) + 1
     return allocated
+
+
+# The podresources API over the checkpoints ------------------------------------------------------
+
+
+def device_counts(groups: Iterable[ContainerDevices]) -> dict[DeviceKey, int]:
+    """Devices per (NUMA id, resource), each (resource, device id) once, under the lowest NUMA id it lists."""
+    placements: dict[tuple[str, str], set[int]] = {}
+    for group in groups:
+        for device_id in group.device_ids:
+            placements.setdefault((group.resource_name, device_id), set()).update(group.numa_ids)
+    counts: dict[DeviceKey, int] = {}
+    for (resource, _device_id), numa_ids in placements.items():
+        key = (device_numa(numa_ids), resource)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def with_podresources(
+    state: KubeletState, joined: JoinedPodResources, live_pods: frozenset[str] | None
+) -> KubeletState:
+    """``state`` with podresources' allocatable view and live pod set (:func:`otel_numa.join.live_pod_set`).
+
+    Allocatable CPUs are used only when the kubelet lists some: with the cpu manager's ``none`` policy
+    it answers with none, which would read as "nothing allocatable".
+    """
+    allocatable = joined.allocatable
+    cpus = allocatable.cpu_ids if allocatable is not None and allocatable.cpu_ids else None
+    devices = device_counts(allocatable.devices) if allocatable is not None else None
+    return KubeletState(
+        cpu=state.cpu,
+        memory=state.memory,
+        devices=state.devices,
+        live_pods=live_pods,
+        pod_names=state.pod_names,
+        allocatable_cpus=cpus if cpus is not None else state.allocatable_cpus,
+        allocatable_devices=devices if devices is not None else state.allocatable_devices,
+        podresources=joined,
+    )
+
+
+def _memory_key(block: ContainerMemory) -> tuple[str, int]:
+    """("memory" or the hugepage size, NUMA id): a block spanning several nodes goes whole on the lowest."""
+    numa = min(block.numa_ids) if block.numa_ids else NO_NUMA
+    kind = block.memory_type
+    return (kind[len(_HUGEPAGES_PREFIX) :] if kind.startswith(_HUGEPAGES_PREFIX) else kind, numa)
+
+
+def _container_from_api(
+    ref: ContainerRef, container: ContainerResources, topology: Topology
+) -> ContainerAllocation:
+    cpus = {numa: count for numa, count in cpus_per_node(container.cpu_ids, topology).items() if count}
+    memory: dict[int, int] = {}
+    hugepages: dict[HugepageKey, int] = {}
+    for block in container.memory:
+        kind, numa = _memory_key(block)
+        if block.memory_type == "memory":
+            memory[numa] = memory.get(numa, 0) + block.size
+        elif block.memory_type.startswith(_HUGEPAGES_PREFIX):
+            hugepages[(numa, kind)] = hugepages.get((numa, kind), 0) + block.size
+    return ContainerAllocation(ref, cpus, memory, hugepages, device_counts(container.devices))
+
+
+def _has_any(allocation: ContainerAllocation) -> bool:
+    return bool(
+        allocation.cpus or allocation.memory_bytes or allocation.hugepages_bytes or allocation.devices
+    )
+
+
+def _disagrees(
+    state: KubeletState, api: ContainerAllocation | None, checkpoint: ContainerAllocation | None
+) -> bool:
+    """Compares only what a checkpoint read this round can say (no cpu checkpoint: no CPU comparison)."""
+    empty = ContainerAllocation(ContainerRef("", ""))
+    api, checkpoint = api or empty, checkpoint or empty
+    return (
+        (state.cpu is not None and dict(api.cpus) != dict(checkpoint.cpus))
+        or (
+            state.memory is not None
+            and (
+                dict(api.memory_bytes) != dict(checkpoint.memory_bytes)
+                or dict(api.hugepages_bytes) != dict(checkpoint.hugepages_bytes)
+            )
+        )
+        or (state.devices is not None and dict(api.devices) != dict(checkpoint.devices))
+    )
+
+
+def apply_podresources(allocation: Allocation, state: KubeletState, topology: Topology) -> Allocation:
+    """Let podresources win over the checkpoints.
+
+    The containers of every joined pod come from its answer; per-NUMA CPU and device totals are recomputed
+    over both (checkpoint entries of joined pods replaced, unjoined pods' CPUs and devices included);
+    per-NUMA allocatable memory and hugepages come from GetAllocatableResources when the memory manager
+    gives none. Containers whose checkpoint allocation differs are listed in ``disagreements``.
+    """
+    joined = state.podresources
+    assert joined is not None
+
+    def live(uid: str) -> bool:
+        return state.live_pods is None or uid in state.live_pods
+
+    from_api: dict[tuple[str, str], ContainerAllocation] = {}
+    for uid, pod in joined.by_uid.items():
+        for container in pod.containers:
+            ref = ContainerRef(uid, container.name, pod.name, pod.namespace)
+            found = _container_from_api(ref, container, topology)
+            if _has_any(found):
+                from_api[(uid, container.name)] = found
+    from_checkpoints = {(c.container.pod_uid, c.container.container_name): c for c in allocation.containers}
+    compared = set(from_api) | {key for key in from_checkpoints if key[0] in joined.by_uid}
+    disagreements = frozenset(
+        key for key in compared if _disagrees(state, from_api.get(key), from_checkpoints.get(key))
+    )
+    kept = {key: c for key, c in from_checkpoints.items() if key[0] not in joined.by_uid}
+    containers = tuple(c for _key, c in sorted({**kept, **from_api}.items()))
+
+    exclusive: set[int] = set()
+    if state.cpu is not None:
+        for owner, by_container in state.cpu.entries.items():
+            if state.cpu.entries_keyed_by_container_id or (live(owner) and owner not in joined.by_uid):
+                for cpus in by_container.values():
+                    exclusive |= cpus
+        for owner, cpus in state.cpu.pod_entries.items():
+            if live(owner):
+                exclusive |= cpus
+    device_groups: list[ContainerDevices] = []
+    if state.devices is not None:
+        for entry in state.devices.entries:
+            if live(entry.pod_uid) and entry.pod_uid not in joined.by_uid:
+                for numa, device_ids in entry.devices_by_numa.items():
+                    numa_ids = (numa,) if numa >= 0 else ()
+                    device_groups.append(ContainerDevices(entry.resource_name, device_ids, numa_ids))
+    for pod in joined.all_pods:
+        for container in pod.containers:
+            exclusive |= container.cpu_ids
+            device_groups.extend(container.devices)
+
+    memory_allocatable = allocation.memory_allocatable
+    hugepages_allocatable = allocation.hugepages_allocatable
+    if memory_allocatable is None and joined.allocatable is not None and joined.allocatable.memory:
+        memory_allocatable, hugepages_allocatable = {}, {}
+        for block in joined.allocatable.memory:
+            kind, numa = _memory_key(block)
+            if block.memory_type == "memory":
+                memory_allocatable[numa] = memory_allocatable.get(numa, 0) + block.size
+            elif block.memory_type.startswith(_HUGEPAGES_PREFIX):
+                hugepages_allocatable[(numa, kind)] = hugepages_allocatable.get((numa, kind), 0) + block.size
+
+    return Allocation(
+        cpu_allocatable=allocation.cpu_allocatable,
+        cpu_allocated=cpus_per_node(frozenset(exclusive), topology),
+        memory_allocatable=memory_allocatable,
+        memory_allocated=allocation.memory_allocated,
+        hugepages_allocatable=hugepages_allocatable,
+        hugepages_allocated=allocation.hugepages_allocated,
+        device_capacity=allocation.device_capacity,
+        device_allocated=device_counts(device_groups),
+        containers=containers,
+        disagreements=disagreements,
+    )

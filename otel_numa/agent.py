@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from prometheus_client import generate_latest, start_http_server
 
 from otel_numa.accounting import Allocation, KubeletState, compute_allocation
+from otel_numa.collectors.background import BackgroundSources
+from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames, container_usage_enabled
 from otel_numa.collectors.kubelet import KubeletCollector
 from otel_numa.collectors.machine import MachineCollector
 from otel_numa.health_server import HealthServer
@@ -18,6 +21,7 @@ from otel_numa.settings import Settings, parse_host_port
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.sysfs import Topology
+from otel_numa.watch import CheckpointWatcher
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,12 @@ class Agent:
         self.sources = SourceRegistry()
         self._machine = MachineCollector(settings.sysfs_root, settings.procfs_root, self.sources)
         self._kubelet = KubeletCollector(settings.kubelet_root, settings.pod_logs_root, self.sources)
+        # podresources and the runtime: refreshed by the scheduler, only read by snapshot builds
+        self.background = BackgroundSources(settings, self.sources)
+        self._cgroups: CgroupCollector | None = None
+        if container_usage_enabled(settings):
+            names = ContainerLogNames(settings.container_logs_root)
+            self._cgroups = CgroupCollector(settings.cgroup_root, names, self.sources)
         self._allocation_inputs: tuple[object, ...] = ()
         self._allocation = Allocation()
         self.store = SnapshotStore(self._build_snapshot)
@@ -35,16 +45,19 @@ class Agent:
         self._health: HealthServer | None = None
         self._prometheus_server: object | None = None
         self.scheduler: Scheduler | None = None
+        self.watcher: CheckpointWatcher | None = None
         self._stopped = threading.Event()
 
     def _build_snapshot(self) -> Snapshot:
         machine = self._machine.collect()
-        kubelet = self._kubelet.collect()
+        kubelet = self.background.merge(self._kubelet.collect())
+        allocation = self._account(kubelet, machine.topology) if machine is not None else Allocation()
         return Snapshot(
             taken_at=time.monotonic(),
             machine=machine,
-            allocation=self._account(kubelet, machine.topology) if machine is not None else Allocation(),
+            allocation=allocation,
             sources=self.sources.reports(),
+            container_usage=self._cgroups.containers(allocation, machine) if self._cgroups else (),
         )
 
     def _account(self, kubelet: KubeletState, topology: Topology) -> Allocation:
@@ -55,12 +68,15 @@ class Agent:
         ):
             self._allocation = compute_allocation(kubelet, topology, self.settings.reserved_cpus)
             self._allocation_inputs = inputs
-        return self._allocation
+        return self.background.finish(self._allocation)  # memoised too
 
     # One-shot mode ------------------------------------------------------------------------------
 
     def exposition_once(self) -> bytes:
         """The Prometheus text exposition of one collection."""
+        if self._cgroups is not None:
+            self._cgroups.refresh()  # no background thread here: read the cgroups once, now
+        self.background.refresh_once()
         pipeline = build_pipeline(self.settings, self.store, exporters=("prometheus",))
         try:
             assert pipeline.registry is not None
@@ -77,16 +93,27 @@ class Agent:
             self._health = HealthServer(host, port, lambda: self.store.ready)
             self._health.start()
         self.pipeline = build_pipeline(settings, self.store)
+        self.background.attach(self.pipeline.meter_provider)
         if self.pipeline.registry is not None and settings.prometheus_address != "none":
             host, port = parse_host_port(settings.prometheus_address)
             self._prometheus_server, _ = start_http_server(port, addr=host, registry=self.pipeline.registry)
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh()
-        self.scheduler = Scheduler(settings.interval, [self._push])
+        self.scheduler = Scheduler(
+            settings.interval, [*self._refreshers(), self._push], min_trigger_gap_s=settings.push_min_interval
+        )
         self.scheduler.start()
+        # A kubelet state change runs the scheduler's tasks at once: refreshers, then an OTLP push.
+        self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
+        self.watcher.start()
         log.info(
             "otel-numa serving node %s with exporters %s", settings.node_name, ",".join(settings.exporters)
         )
+
+    def _refreshers(self) -> list[Callable[[], None]]:
+        """Background reads, run by the scheduler before each push."""
+        cgroups = [self._cgroups.refresh] if self._cgroups is not None else []
+        return [*cgroups, *self.background.tasks]
 
     def _push(self) -> None:
         if self.pipeline is not None:
@@ -102,6 +129,8 @@ class Agent:
         """Flush and stop within ``timeout_s``, even with a dead or hung collector."""
         deadline = time.monotonic() + timeout_s
         push_stuck = False
+        if self.watcher is not None:
+            self.watcher.stop(timeout_s=0.2)
         if self.scheduler is not None:
             self.scheduler.stop(timeout_s=0.5)
             push_stuck = self.scheduler.running
@@ -115,3 +144,5 @@ class Agent:
             if not push_stuck and budget > 0.2:
                 self.pipeline.push(timeout_s=budget)
             self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
+        if not push_stuck:
+            self.background.close()

@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--compat", metavar="numainfo")
     add("--disable", action="append", metavar="GROUP", help="switch off a metric group (repeatable)")
     add("--log-level", metavar="LEVEL")
+    add("--cri-socket", metavar="auto|none|PATH", help="runtime socket for opt-in enrichment")
+    add("--enrich-pod-label", dest="enrich_pod_labels", action="append", metavar="KEY", help="repeatable")
+    add("--enrich-pod-annotation", dest="enrich_pod_annotations", action="append", metavar="KEY")
+    add("--enrich-env", action="append", metavar="NAME", help="exact name; secret-like names are refused")
+    add("--enrich-mode", metavar="info|attributes")
+    add("--enrich-value-max-length", metavar="CHARS")
     add("--once", action="store_true", help="collect once, print the Prometheus text exposition, exit")
     add("--version", action="version", version=f"otel-numa {__version__}")
     return p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,12 +15,20 @@ class Scheduler:
     """Runs ``tasks`` in order every ``interval_s`` seconds, and at once when :meth:`trigger` is called.
 
     A failing task is logged (once per distinct message) and does not stop the others or the loop.
+    Triggered rounds start at least ``min_trigger_gap_s`` apart: triggers that come during a round or the gap
+    fold into one more round after it, so the last trigger is always followed by a full round.
     """
 
     def __init__(
-        self, interval_s: float, tasks: Sequence[Callable[[], None]], name: str = "otel-numa-scheduler"
+        self,
+        interval_s: float,
+        tasks: Sequence[Callable[[], None]],
+        name: str = "otel-numa-scheduler",
+        min_trigger_gap_s: float = 0.0,
     ):
         self._interval_s = interval_s
+        self._min_trigger_gap_s = min_trigger_gap_s
+        self._last_round_started = -math.inf
         self._tasks = list(tasks)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -64,6 +73,12 @@ class Scheduler:
             self._wake.wait(max(0.0, next_run - time.monotonic()))
             if self._stop.is_set():
                 return
+            if self._wake.is_set():
+                gap_left = self._last_round_started + self._min_trigger_gap_s - time.monotonic()
+                if gap_left > 0 and self._stop.wait(gap_left):
+                    return
+            # cleared before the round reads anything: a trigger from now on gets a round of its own
             self._wake.clear()
+            self._last_round_started = time.monotonic()
             self.run_once()
             next_run = time.monotonic() + self._interval_s

@@ -36,6 +36,7 @@ class MetricGroup(enum.StrEnum):
     USAGE = "usage"  # cpu time, memory used/free, free hugepages, numastat
     ALLOCATION = "allocation"  # per-NUMA allocatable/allocated from the kubelet
     CONTAINERS = "containers"  # per-container series (the cardinality driver)
+    CONTAINER_USAGE = "container_usage"  # per-container NUMA usage and locality from cgroups
     HEALTH = "health"  # the agent's own source errors and data age
 
 
@@ -102,11 +103,20 @@ class Settings(BaseSettings):
     )
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
     interval: float = Field(default=15.0, gt=0, le=3600)
+    # Shortest time between two exports triggered by kubelet state changes (the last change is always sent).
+    push_min_interval: float = Field(default=0.2, ge=0, le=60)
     compat: Literal["numainfo"] | None = None
     disable: Annotated[frozenset[MetricGroup], NoDecode] = frozenset()
     # Upper bound of attribute sets per instrument; sized for 250 pods x 4 containers x 16 NUMA nodes.
     cardinality_limit: int = Field(default=20_000, ge=100)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Opt-in enrichment from the container runtime (CRI): "none" (off), "auto" (containerd or CRI-O) or a path
+    cri_socket: str = "none"
+    enrich_pod_labels: Annotated[frozenset[str], NoDecode] = frozenset()  # exact label keys
+    enrich_pod_annotations: Annotated[frozenset[str], NoDecode] = frozenset()  # exact annotation keys
+    enrich_env: Annotated[frozenset[str], NoDecode] = frozenset()  # exact names; secret-like ones never
+    enrich_mode: Literal["info", "attributes"] = "info"
+    enrich_value_max_length: int = Field(default=128, ge=1, le=4096)
 
     @field_validator("exporters", mode="before")
     @classmethod
@@ -119,6 +129,11 @@ class Settings(BaseSettings):
     @field_validator("disable", mode="before")
     @classmethod
     def _disable_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("enrich_pod_labels", "enrich_pod_annotations", "enrich_env", mode="before")
+    @classmethod
+    def _allowlist(cls, value: Any) -> Any:
         return _split_list(value)
 
     @field_validator("reserved_cpus", mode="before")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from otel_numa.accounting import Allocation, MachineUsage
 from otel_numa.source_status import SourceReport
+from otel_numa.usage_accounting import ContainerUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,8 @@ class Snapshot:
     machine: MachineUsage | None  # None until sysfs has been read once
     allocation: Allocation
     sources: tuple[SourceReport, ...]
+    # per-container NUMA usage from cgroups, joined with the allocation; empty when not read
+    container_usage: tuple[ContainerUsage, ...] = ()
 
     def source_ages(self) -> dict[str, float]:
         """Seconds since each source's data was last known good (sources never read are absent)."""

@@ -85,7 +85,10 @@ VALUE_CHANGE = {
     "k8stest_dra_v1_crc32.json": ("dev-1", "dev-2"),
     "k8stest_dra_v1_crc32_entries.json": ("dev-1", "dev-3"),
     "k8stest_mem_v1.json": ('"free":1024', '"free":1025'),
-    "k8stest_mem_v2_podentries.json": ('"memoryBlocks":[{"numaAffinity":[0]', '"memoryBlocks":[{"numaAffinity":[1]'),
+    "k8stest_mem_v2_podentries.json": (
+        '"memoryBlocks":[{"numaAffinity":[0]',
+        '"memoryBlocks":[{"numaAffinity":[1]',
+    ),
     "k8stest_mem_v3_data_datachecksum.json": ('\\"free\\":1024', '\\"free\\":1023'),
     "realworld_alicloud_device_no_entries.json": ("GPU-0650a168", "GPU-0650a169"),
     "realworld_gengwg_mem_none.json": ('"policyName":"None"', '"policyName":"Nona"'),

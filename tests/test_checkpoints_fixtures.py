@@ -6,6 +6,7 @@ Every expected value below was written by hand from the JSON files, not computed
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -183,13 +184,14 @@ def test_dra_fixture_is_not_mistaken_for_another_checkpoint(name: str) -> None:
 
 
 def test_read_functions_read_files(tmp_path: Path) -> None:
-    cases = [
-        (read_cpu_manager_state, "realworld_lx1036_cpu_static.json", CPU_EXPECTED),
-        (read_memory_manager_state, "k8stest_mem_v1.json", MEMORY_EXPECTED),
-        (read_device_checkpoint, "realworld_kind_device_checkpoint_numa_minus1.json", DEVICE_EXPECTED),
-        (read_dra_checkpoint, "k8stest_dra_v1_crc32.json", DRA_EXPECTED),
+    expected: dict[str, object] = {**CPU_EXPECTED, **MEMORY_EXPECTED, **DEVICE_EXPECTED, **DRA_EXPECTED}
+    cases: list[tuple[Callable[[Path], object], str]] = [
+        (read_cpu_manager_state, "realworld_lx1036_cpu_static.json"),
+        (read_memory_manager_state, "k8stest_mem_v1.json"),
+        (read_device_checkpoint, "realworld_kind_device_checkpoint_numa_minus1.json"),
+        (read_dra_checkpoint, "k8stest_dra_v1_crc32.json"),
     ]
-    for read, name, expected in cases:
+    for read, name in cases:
         copy = tmp_path / name
         copy.write_bytes(fixture(name))
         assert read(copy) == expected[name]

@@ -84,13 +84,13 @@ WRITTEN = [
         ),
     ),
 ]
-BASES = [
-    *WRITTEN,
-    *(
-        (name.split("_")[1], path.read_bytes())
-        for name, path in ((p.name, p) for p in sorted(FIXTURES.glob("*.json")))
-    ),
-]
+
+
+def kind_of(name: str) -> str:
+    return next(kind for kind in PARSERS if f"_{kind}_" in name)
+
+
+BASES = [*WRITTEN, *((kind_of(path.name), path.read_bytes()) for path in sorted(FIXTURES.glob("*.json")))]
 
 
 def meaning(state: object) -> object:

@@ -20,7 +20,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from otel_numa.pipeline import build_pipeline
 from otel_numa.sources import cgroups, files, procfs, sysfs
 from otel_numa.sources.checkpoints import (
     DeviceEntry,
@@ -41,7 +44,6 @@ from tests.support.checkpoints import (
     device_checkpoint_bytes,
     fnv1a_32,
     memory_manager_state_bytes,
-    write_atomically,
 )
 from tests.support.kubelet_scenario import KubeletScenario, Labels, ScenarioPod, build_scenario, series
 from tests.support.sysfs_tree import NodeSpec, write_file, write_machine
@@ -52,6 +54,8 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 FEW = settings(FUZZ, max_examples=60)
+# each example of these runs a whole in-process collection
+AGENT_LEVEL = settings(FUZZ, max_examples=30)
 
 KIB, MIB, GIB = 1024, 1 << 20, 1 << 30
 NODE_DIR = "devices/system/node"
@@ -144,7 +148,7 @@ def test_procfs_stat_only_raises_source_errors(text: str) -> None:
 
 @FUZZ
 @given(
-    lines=st.lists(
+    text=st.lists(
         st.tuples(
             st.sampled_from(["MemTotal", "MemFree", "MemUsed", "HugePages_Total", "Node 1 MemTotal", ""]),
             st.sampled_from([":", ": ", ":\t", " ", ""]),
@@ -154,6 +158,7 @@ def test_procfs_stat_only_raises_source_errors(text: str) -> None:
         max_size=6,
     ).map("\n".join)
     | any_text
+    | kernel_text
 )
 def test_meminfo_only_raises_source_errors_and_never_goes_negative(text: str) -> None:
     result = source_result(lambda: procfs.parse_meminfo(text))
@@ -191,7 +196,9 @@ def test_pod_log_directory_names_split_back_into_the_name(name: str) -> None:
     name=st.one_of(
         any_text,
         st.tuples(
-            st.lists(st.text(alphabet="ab0-._", min_size=1, max_size=8), min_size=1, max_size=4).map("_".join),
+            st.lists(st.text(alphabet="ab0-._", min_size=1, max_size=8), min_size=1, max_size=4).map(
+                "_".join
+            ),
             st.sampled_from(["a" * 64, "0123456789abcdef" * 4, "F" * 64, "a" * 63, ""]),
             st.sampled_from([".log", ".log.1", ""]),
         ).map(lambda parts: f"{parts[0]}-{parts[1]}{parts[2]}"),
@@ -200,7 +207,9 @@ def test_pod_log_directory_names_split_back_into_the_name(name: str) -> None:
 def test_container_log_names_split_back_into_the_name(name: str) -> None:
     identity = parse_container_log_name(name)
     if identity is not None:
-        rebuilt = f"{identity.pod_name}_{identity.namespace}_{identity.container_name}-{identity.container_id}.log"
+        rebuilt = (
+            f"{identity.pod_name}_{identity.namespace}_{identity.container_name}-{identity.container_id}.log"
+        )
         assert rebuilt == name
         assert len(identity.container_id) == 64
 
@@ -261,7 +270,9 @@ def test_machine_files_with_any_content_only_raise_source_errors(
 
 @FEW
 @given(content=st.one_of(any_bytes, kernel_text.map(str.encode), numbers.map(str.encode)))
-def test_per_cpu_online_files_with_any_content(tmp_path_factory: pytest.TempPathFactory, content: bytes) -> None:
+def test_per_cpu_online_files_with_any_content(
+    tmp_path_factory: pytest.TempPathFactory, content: bytes
+) -> None:
     root = tmp_path_factory.mktemp("cpu-online")
     sysfs_root, procfs_root = write_machine(root, TWO_NODES, cpu_online_file=False)
     (sysfs_root / "devices/system/cpu/cpu3/online").write_bytes(content)
@@ -295,7 +306,10 @@ def test_cgroup_files_with_any_content_only_raise_source_errors(
     names = CGROUP_FILES[layout]
     name = names[file_index % len(names)]
     if layout == "v1" and file_index % 2:
-        directory, name = container_dir(root, "v1", "cgroupfs", pod, CONTAINER, controller="cpuset"), "cpuset.cpus"
+        directory, name = (
+            container_dir(root, "v1", "cgroupfs", pod, CONTAINER, controller="cpuset"),
+            "cpuset.cpus",
+        )
         (directory / "cpuset.effective_cpus").unlink()
     else:
         directory = container_dir(root, layout, "cgroupfs", pod, CONTAINER)  # type: ignore[arg-type]
@@ -308,7 +322,9 @@ def test_cgroup_files_with_any_content_only_raise_source_errors(
 # --- directory listings with hostile names --------------------------------------------------------
 
 file_names = st.text(
-    alphabet=st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=60
+    alphabet=st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+    min_size=1,
+    max_size=60,
 ).filter(lambda name: name not in (".", "..") and len(name.encode()) < 255)
 
 
@@ -336,7 +352,9 @@ def _table(total: int, reserved: int) -> MemoryTable:
 
 
 MACHINE_STATE = {
-    0: NumaMemoryState(1, (0,), {"memory": _table(4 * GIB, 1 * GIB), "hugepages-2Mi": _table(16 * MIB, 8 * MIB)}),
+    0: NumaMemoryState(
+        1, (0,), {"memory": _table(4 * GIB, 1 * GIB), "hugepages-2Mi": _table(16 * MIB, 8 * MIB)}
+    ),
     1: NumaMemoryState(0, (1,), {"memory": _table(2 * GIB, 0), "hugepages-2Mi": _table(8 * MIB, 0)}),
 }
 MEMORY_ENTRIES = {
@@ -355,7 +373,9 @@ def cpu_seeds() -> list[bytes]:
 
 
 def memory_seeds() -> list[bytes]:
-    return [memory_manager_state_bytes("Static", MACHINE_STATE, MEMORY_ENTRIES, layout=v) for v in ("v2", "v3")]
+    return [
+        memory_manager_state_bytes("Static", MACHINE_STATE, MEMORY_ENTRIES, layout=v) for v in ("v2", "v3")
+    ]
 
 
 def device_seeds() -> list[bytes]:
@@ -426,7 +446,9 @@ def mutated_json(draw: st.DrawFn, document: Any) -> Any:
         elif action == "drop":
             del target[key]
         else:
-            renamed = draw(st.sampled_from([key.upper(), key.lower(), key.swapcase(), key + "x", "\u212a" + key]))
+            renamed = draw(
+                st.sampled_from([key.upper(), key.lower(), key.swapcase(), key + "x", "\u212a" + key])
+            )
             target[renamed] = target.pop(key)
     return document
 
@@ -508,10 +530,27 @@ KUBELET_FILES = {
 MACHINE_SERIES = ("numa_cpu_capacity", "numa_memory_capacity_bytes", "numa_hugepages_capacity_bytes")
 
 
+VALID_CHECKPOINTS = {
+    "cpu_manager_path": cpu_seeds()[0],
+    "memory_manager_path": memory_seeds()[0],
+    "device_checkpoint_path": device_seeds()[0],
+}
+
+
 def write_valid_checkpoints(scenario: KubeletScenario) -> None:
-    write_atomically(scenario.cpu_manager_path, cpu_seeds()[0])
-    write_atomically(scenario.memory_manager_path, memory_seeds()[0])
-    write_atomically(scenario.device_checkpoint_path, device_seeds()[0])
+    # plain writes (no fsync): every collection below is made by a fresh agent, which reads every file
+    for path_name, content in VALID_CHECKPOINTS.items():
+        getattr(scenario, path_name).write_bytes(content)
+
+
+_baselines: dict[Path, str] = {}
+
+
+def baseline(scenario: KubeletScenario) -> str:
+    """The exposition of the intact node (the same for every example of a test)."""
+    if scenario.kubelet_root not in _baselines:
+        _baselines[scenario.kubelet_root] = scenario.exposition()
+    return _baselines[scenario.kubelet_root]
 
 
 @pytest.fixture
@@ -533,7 +572,7 @@ def test_the_valid_node_exports_every_series(kubelet_node: KubeletScenario) -> N
     assert series(text, "numa_agent_source_errors_total") == {}
 
 
-@FUZZ
+@AGENT_LEVEL
 @given(data=st.data(), kind=st.sampled_from(sorted(KUBELET_FILES)))
 def test_a_rejected_checkpoint_yields_no_series_from_it(
     kubelet_node: KubeletScenario, data: st.DataObject, kind: str
@@ -542,9 +581,9 @@ def test_a_rejected_checkpoint_yields_no_series_from_it(
     content = data.draw(hostile_checkpoint(kind))
     verdict = source_result(lambda: parse(content))
     assume(isinstance(verdict, SourceError))
-    baseline = kubelet_node.exposition()
+    intact = baseline(kubelet_node)
     path: Path = getattr(kubelet_node, path_name)
-    write_atomically(path, content)
+    path.write_bytes(content)
     try:
         text = kubelet_node.exposition()
     finally:
@@ -555,10 +594,10 @@ def test_a_rejected_checkpoint_yields_no_series_from_it(
     # what other files give is untouched
     others = [names for other, (_, names, _, _) in KUBELET_FILES.items() if other != kind]
     for name in (*MACHINE_SERIES, *(name for names in others for name in names)):
-        assert series(text, name) == series(baseline, name), name
+        assert series(text, name) == series(intact, name), name
 
 
-@FUZZ
+@AGENT_LEVEL
 @given(
     content=st.one_of(
         any_bytes,
@@ -575,7 +614,7 @@ def test_a_rejected_node_meminfo_yields_no_memory_series_for_that_node(
     verdict = source_result(lambda: procfs.parse_meminfo(content.rstrip(b"\x00").decode(errors="replace")))
     assume(isinstance(verdict, SourceError))
     original = meminfo.read_bytes()
-    baseline = kubelet_node.exposition()
+    intact = baseline(kubelet_node)
     meminfo.write_bytes(content)
     try:
         text = kubelet_node.exposition()
@@ -585,18 +624,16 @@ def test_a_rejected_node_meminfo_yields_no_memory_series_for_that_node(
         assert not [key for key in series(text, name) if ("numa_node_id", "1") in key], name
     assert errors_of(text, "sysfs"), "the rejection is counted under numa_source=sysfs"
     for name in ("numa_cpu_capacity", "numa_hugepages_capacity_bytes", "numa_memory_page_allocations_total"):
-        assert series(text, name) == series(baseline, name), name
+        assert series(text, name) == series(intact, name), name
     for name in (*CPU_SERIES, *MEMORY_SERIES, *DEVICE_SERIES):
-        assert series(text, name) == series(baseline, name), name
+        assert series(text, name) == series(intact, name), name
 
 
 def test_a_rejected_node_meminfo_leaves_the_other_nodes_memory(kubelet_node: KubeletScenario) -> None:
     """One corrupt ``node1/meminfo`` is one file: node 0's memory comes from its own file and should stay."""
     write_file(kubelet_node.sysfs_root / NODE_DIR / "node1" / "meminfo", "Node 1 MemTotal: lots\n")
     text = kubelet_node.exposition()
-    assert series(text, "numa_memory_capacity_bytes") == {
-        frozenset({("numa_node_id", "0")}): 4_000_000 * KIB
-    }
+    assert series(text, "numa_memory_capacity_bytes") == {frozenset({("numa_node_id", "0")}): 4_000_000 * KIB}
 
 
 def test_out_of_range_values_do_not_reach_the_exposition_as_numbers(kubelet_node: KubeletScenario) -> None:
@@ -609,3 +646,48 @@ def test_out_of_range_values_do_not_reach_the_exposition_as_numbers(kubelet_node
     assert not [key for key in series(text, "numa_memory_capacity_bytes") if ("numa_node_id", "1") in key]
     assert errors_of(text, "sysfs")
 
+
+class EncodingExporter(MetricExporter):
+    """Encodes each export as the OTLP exporters do (protobuf), and keeps what failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: list[Exception] = []
+        self.exports = 0
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.exports += 1
+        try:
+            encode_metrics(metrics_data).SerializeToString()
+        except Exception as exc:
+            self.failures.append(exc)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def test_a_verified_checkpoint_with_amounts_beyond_int64_does_not_break_the_otlp_export(
+    kubelet_node: KubeletScenario,
+) -> None:
+    """The memory manager stores uint64; a (corrupt but checksummed) size of 2**64-1 must not cost every
+    other series of the OTLP export: int64 is what OTLP carries."""
+    huge = (1 << 64) - 1
+    state = {0: NumaMemoryState(1, (0,), {"memory": MemoryTable(huge, 0, huge, 1 * GIB, huge - GIB)})}
+    entries = {UID_A: {"app": [MemoryBlock((0,), "memory", huge)]}}
+    kubelet_node.memory_manager_path.write_bytes(memory_manager_state_bytes("Static", state, entries))
+    exporter = EncodingExporter()
+    agent = kubelet_node.agent(exporters=["otlp"])
+    pipeline = build_pipeline(agent.settings, agent.store, otlp_exporter_factory=lambda _settings: exporter)
+    try:
+        pipeline.push(timeout_s=5)
+    finally:
+        pipeline.shutdown(timeout_s=1)
+    assert exporter.exports == 1
+    assert exporter.failures == []

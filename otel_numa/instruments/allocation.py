@@ -93,6 +93,7 @@ def container_attributes(ref: ContainerRef) -> dict[str, AttributeValue]:
         attributes["k8s.pod.name"] = ref.pod_name
     if ref.namespace is not None:
         attributes["k8s.namespace.name"] = ref.namespace
+    attributes.update(ref.extra_attributes)  # opt-in runtime enrichment (enrich_mode=attributes)
     return attributes
 
 

@@ -65,15 +65,10 @@ def parse_cpumask(text: str) -> frozenset[int]:
     try:
         value = int("".join(word.strip() for word in words) or "0", 16)
     except ValueError as exc:
-        raise SourceCorrupt(f"bad CPU mask {text.strip()!r}") from exc
-    cpus = set()
-    bit = 0
-    while value:
-        if value & 1:
-            cpus.add(bit)
-        value >>= 1
-        bit += 1
-    return frozenset(cpus)
+        raise SourceCorrupt(f"bad CPU mask {text.strip()[:80]!r}") from exc
+    if value.bit_length() > MAX_CPU_ID + 1:  # a corrupt or hostile file must not cost seconds to expand
+        raise SourceCorrupt(f"CPU mask wider than {MAX_CPU_ID + 1} bits")
+    return frozenset(bit for bit, digit in enumerate(reversed(f"{value:b}")) if digit == "1")
 
 
 def format_cpulist(cpus: frozenset[int] | set[int]) -> str:

@@ -22,8 +22,10 @@ _MIN_CPU_FIELDS = 4
 _CPU_LABEL = re.compile(r"cpu(\d+)")
 # "MemTotal:  123 kB", "Node 0 MemTotal:  123 kB", "HugePages_Total:   0"
 _MEMINFO_LINE = re.compile(
-    r"(?:Node\s+\d+\s+)?(?P<name>[^:\s][^:]*?):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?\s*"
+    r"(?:Node\s+\d+\s+)?(?P<name>[^:\s][^:]*?):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?\s*", re.ASCII
 )
+# No machine has 2**63 bytes of anything; a larger value is corrupt (and would not fit an exported int64).
+MAX_AMOUNT = (1 << 63) - 1
 
 
 def _user_hz() -> int:
@@ -55,6 +57,8 @@ def parse_cpu_times(text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, fl
             ticks = [int(value) for value in fields[1 : 1 + len(CPU_MODES)]]
         except ValueError as exc:
             raise SourceCorrupt(f"bad /proc/stat line {line[:80]!r}") from exc
+        if any(tick < 0 for tick in ticks):
+            raise SourceCorrupt(f"negative time in /proc/stat line {line[:80]!r}")
         if len(ticks) < _MIN_CPU_FIELDS:
             raise SourceCorrupt(f"short /proc/stat line {line[:80]!r}")
         times[int(label.group(1))] = {
@@ -91,6 +95,8 @@ def parse_meminfo(text: str) -> dict[str, int]:
             fields[match.group("name")] = value * 1024
         else:
             raise SourceCorrupt(f"unknown unit in meminfo line {line[:80]!r}")
+        if fields[match.group("name")] > MAX_AMOUNT:
+            raise SourceCorrupt(f"out-of-range meminfo line {line[:80]!r}")
     return fields
 
 

@@ -29,7 +29,7 @@ from otel_numa.sources.files import (
     read_optional_text,
     read_text,
 )
-from otel_numa.sources.procfs import parse_meminfo, read_meminfo
+from otel_numa.sources.procfs import MAX_AMOUNT, parse_meminfo, read_meminfo
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +134,11 @@ def _read_node_file(path: Path) -> str | None:
 
 
 def _parse_int(text: str, path: Path) -> int:
-    try:
-        return int(text.strip())
-    except ValueError as exc:
-        raise SourceCorrupt(f"{path}: not an integer: {text.strip()[:40]!r}") from exc
+    """A count or flag: a non-negative decimal that fits the int64 the exporters carry."""
+    stripped = text.strip()
+    if not (stripped.isascii() and stripped.isdigit()) or int(stripped) > MAX_AMOUNT:
+        raise SourceCorrupt(f"{path}: not a count: {stripped[:40]!r}")
+    return int(stripped)
 
 
 def _read_optional_cpulist(path: Path) -> tuple[int, ...] | None:

@@ -195,8 +195,9 @@ def _spew_memory(
         f"MachineState:(state.NUMANodeMap)map[{numa}] Entries:(state.ContainerMemoryAssignments)map[{pods}]"
     )
     if pod_entries is not None:
+        # an empty list is omitted from the JSON (omitempty), so the kubelet reads it back as nil
         pod_blocks = " ".join(
-            f"{pod}:{{MemoryBlocks:([]state.Block){_spew_blocks(blocks)}}}"
+            f"{pod}:{{MemoryBlocks:([]state.Block){_spew_blocks(blocks) if blocks else '<nil>'}}}"
             for pod, blocks in sorted(pod_entries.items())
         )
         text += f" PodEntries:(state.PodMemoryAssignments)map[{pod_blocks}]"

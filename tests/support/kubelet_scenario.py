@@ -29,6 +29,7 @@ from tests.support.sysfs_tree import NodeSpec, write_machine
 NODE_NAME = "scenario-node"
 
 Labels = frozenset[tuple[str, str]]
+Samples = dict[str, dict[Labels, float]]  # sample name -> {label set: value}
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,10 @@ class KubeletScenario:
     def device_checkpoint_path(self) -> Path:
         return self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
 
-    def cli_args(self, *extra: str) -> list[str]:
-        """The agent's flags for this node (``--podresources-socket none``: the checkpoints alone decide)."""
-        return [
+    def cli_args(self, *extra: str, podresources: bool = False) -> list[str]:
+        """The agent's flags for this node; unless ``podresources``, ``--podresources-socket none`` (the
+        checkpoints alone decide), else the default socket under the kubelet root."""
+        args = [
             "--sysfs-root",
             str(self.sysfs_root),
             "--procfs-root",
@@ -75,12 +77,12 @@ class KubeletScenario:
             str(self.kubelet_root),
             "--pod-logs-root",
             str(self.pod_logs_root),
-            "--podresources-socket",
-            "none",
             "--node-name",
             NODE_NAME,
-            *extra,
         ]
+        if not podresources:
+            args += ["--podresources-socket", "none"]
+        return [*args, *extra]
 
     def settings(self, **overrides: Any) -> Settings:
         values: dict[str, Any] = {
@@ -151,13 +153,13 @@ def build_scenario(
 # Reading the exposition -------------------------------------------------------------------------
 
 
-def parse_exposition(text: str) -> dict[str, dict[Labels, float]]:
+def parse_exposition(text: str) -> Samples:
     """Prometheus text -> sample name -> {label set: value}, parsed by prometheus_client.
 
     Labels with an empty value are dropped: for Prometheus an empty label is no label, and the exporter
     writes one wherever another series of the family has that label.
     """
-    samples: dict[str, dict[Labels, float]] = {}
+    samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             present = frozenset((key, value) for key, value in sample.labels.items() if value != "")
@@ -165,9 +167,11 @@ def parse_exposition(text: str) -> dict[str, dict[Labels, float]]:
     return samples
 
 
-def series(text: str, name: str, *, keep_node_name: bool = False) -> dict[Labels, float]:
-    """The samples of one series name; ``k8s_node_name`` (the same on every series) is dropped unless kept."""
-    found = parse_exposition(text).get(name, {})
+def series(text: str | Samples, name: str, *, keep_node_name: bool = False) -> dict[Labels, float]:
+    """The samples of one series name, from the text or its :func:`parse_exposition`; ``k8s_node_name``
+    (the same on every series) is dropped unless kept."""
+    samples = parse_exposition(text) if isinstance(text, str) else text
+    found = samples.get(name, {})
     if keep_node_name:
         return found
     return {frozenset(kv for kv in key if kv[0] != "k8s_node_name"): value for key, value in found.items()}

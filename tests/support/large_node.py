@@ -110,10 +110,10 @@ def hugepage_resource(size_kib: int) -> str:
 
 
 def _hugepage_pools(spec: LargeNodeSpec) -> dict[int, tuple[int, int]]:
-    """Per-node pools, page size KiB -> (total, free): about 4 GiB per size, a quarter in use."""
+    """Per-node pools, page size KiB -> (total, free): 8 GiB per size, a quarter in use."""
     pools: dict[int, tuple[int, int]] = {}
     for size in spec.hugepage_sizes_kib:
-        total = max(1, (4 << 20) // size)
+        total = max(1, (8 << 20) // size)
         pools[size] = (total, total - total // 4)
     return pools
 
@@ -129,6 +129,7 @@ class _Placement:
     name: str
     numa: int
     cpu: int
+    hugepage_kib: int | None  # a one-page hugepage block of that size, or none
 
 
 class LargeNode:
@@ -219,22 +220,32 @@ class LargeNode:
             ]
             for numa in range(spec.numa_nodes)
         }
+        pools = _hugepage_pools(spec)
+        free_pages = {(numa, size): pool[0] for numa in range(spec.numa_nodes) for size, pool in pools.items()}
+        sizes = spec.hugepage_sizes_kib
         placements: list[_Placement] = []
         for pod_index, pod in enumerate(self.pods):
+            # one container per pod asks for a hugepage, chosen so that consecutive pods use different nodes
+            hugepage_container = (pod_index // spec.containers_per_pod) % spec.containers_per_pod
             for index in range(spec.containers_per_pod):
                 serial = pod_index * spec.containers_per_pod + index
                 numa = (serial + generation) % spec.numa_nodes
                 if not free_cpus[numa]:
                     raise ValueError(f"NUMA node {numa} has too few CPUs for {spec.containers} containers")
                 cpu = free_cpus[numa].pop(0)
-                placements.append(_Placement(pod.uid, pod_index, container_name(index), numa, cpu))
+                hugepage: int | None = None
+                size = sizes[(pod_index // spec.numa_nodes) % len(sizes)] if sizes else 0
+                if index == hugepage_container and free_pages.get((numa, size), 0) > 0:
+                    hugepage = size
+                    free_pages[(numa, size)] -= 1
+                placements.append(_Placement(pod.uid, pod_index, container_name(index), numa, cpu, hugepage))
         return placements
 
     def _memory_blocks(self, placement: _Placement) -> list[MemoryBlock]:
         blocks = [MemoryBlock((placement.numa,), "memory", self.spec.container_memory_bytes)]
-        if placement.name == container_name(0) and self.spec.hugepage_sizes_kib:
-            size_kib = self.spec.hugepage_sizes_kib[placement.pod_index % len(self.spec.hugepage_sizes_kib)]
-            blocks.append(MemoryBlock((placement.numa,), hugepage_resource(size_kib), size_kib * KIB))
+        if placement.hugepage_kib is not None:
+            size = placement.hugepage_kib * KIB
+            blocks.append(MemoryBlock((placement.numa,), hugepage_resource(placement.hugepage_kib), size))
         return blocks
 
     def _device_numa(self, resource_index: int, device_index: int) -> int:
@@ -330,6 +341,8 @@ class LargeNode:
 
 def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:
     allocatable = total - system_reserved
+    if reserved > allocatable:
+        raise ValueError(f"the plan reserves {reserved} bytes of {allocatable} allocatable")
     return MemoryTable(total, system_reserved, allocatable, reserved, allocatable - reserved)
 
 
@@ -362,8 +375,7 @@ def write_large_node(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode
     spec = spec or LargeNodeSpec()
     write_machine(root, machine_nodes(spec), hugepage_sizes_kib=spec.hugepage_sizes_kib)
     numa_ids = list(range(spec.numa_nodes))
-    pods = make_pods(spec.pods, spec.containers_per_pod, nodes=numa_ids) if spec.pods else ()
-    node = LargeNode(spec, root, pods)
+    node = large_node_at(root, spec)
     (node.kubelet_root / "pods").mkdir(parents=True)
     (node.kubelet_root / "device-plugins").mkdir()
     node.pod_logs_root.mkdir()
@@ -374,6 +386,13 @@ def write_large_node(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode
     if spec.cgroups and spec.pods:
         _write_cgroups(node, numa_ids)
     return node
+
+
+def large_node_at(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode:
+    """The node :func:`write_large_node` wrote under ``root`` with the same ``spec`` (nothing is written)."""
+    spec = spec or LargeNodeSpec()
+    pods = make_pods(spec.pods, spec.containers_per_pod, nodes=list(range(spec.numa_nodes))) if spec.pods else ()
+    return LargeNode(spec, root, pods)
 
 
 def _write_pod_directories(node: LargeNode) -> None:

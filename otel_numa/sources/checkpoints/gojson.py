@@ -27,7 +27,7 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from otel_numa.sources.errors import SourceCorrupt
 
@@ -95,7 +95,7 @@ JsonHook = Callable[["GoDecoder", object, StructValue], StructValue]
 class GoStruct:
     name: str
     fields: tuple[GoField, ...]
-    json_hook: JsonHook | None = field(default=None, compare=False)
+    json_hook: JsonHook | None = None
 
 
 GoType = GoString | GoInt | GoSlice | GoMap | GoPointer | GoStruct

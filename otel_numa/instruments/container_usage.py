@@ -1,0 +1,91 @@
+"""Where each container's memory and CPU time really are, from its cgroup, and how local its memory is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from opentelemetry.util.types import AttributeValue
+
+from otel_numa.instruments.allocation import container_attributes
+from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.snapshot import Snapshot
+from otel_numa.usage_accounting import ContainerUsage
+
+MEMORY_TYPE = "numa.memory.type"
+CPU_NODE_IDS = "numa.cpu.node.ids"
+MEMORY_NODE_IDS = "numa.memory.node.ids"
+LOCALITY_NODE_IDS = "numa.locality.node.ids"
+
+
+def register_container_usage(instruments: Instruments) -> None:
+    instruments.add(
+        "updown",
+        "numa.container.memory.usage",
+        "By",
+        "Memory of the container on the NUMA node, by kernel memory type (cgroup memory.numa_stat).",
+        _memory,
+    )
+    instruments.add(
+        "counter",
+        "numa.container.cpu.time",
+        "s",
+        "CPU time of the container, split over NUMA nodes by its share of effective CPUs on each.",
+        _cpu_time,
+    )
+    instruments.add(
+        "gauge",
+        "numa.container.memory.locality",
+        "1",
+        "Share of the container's resident memory (anon and file pages) on the NUMA nodes meant for it.",
+        _locality,
+    )
+    instruments.add(
+        "updown",
+        "numa.container.cpuset.nodes",
+        "{container}",
+        "1 per container: NUMA nodes of its effective CPUs and mems, and the nodes its locality refers to.",
+        _cpuset_nodes,
+    )
+
+
+def node_list(nodes: frozenset[int]) -> str:
+    """``{1, 0}`` -> ``"0,1"``: ascending ids, comma separated."""
+    return ",".join(str(node) for node in sorted(nodes))
+
+
+def _memory(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.container_usage:
+        base = container_attributes(container.container)
+        for memory_type, by_node in container.memory_by_type.items():
+            for node, amount in sorted(by_node.items()):
+                yield amount, {**base, NUMA_ID: node, MEMORY_TYPE: memory_type}
+
+
+def _cpu_time(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.container_usage:
+        base = container_attributes(container.container)
+        for node, seconds in sorted(container.cpu_time_by_node.items()):
+            yield seconds, {**base, NUMA_ID: node}
+
+
+def _locality(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.container_usage:
+        if container.locality is not None:
+            yield container.locality, container_attributes(container.container)
+
+
+def _cpuset_nodes(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.container_usage:
+        yield 1, {**container_attributes(container.container), **_node_sets(container)}
+
+
+def _node_sets(container: ContainerUsage) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {}
+    for key, nodes in (
+        (CPU_NODE_IDS, container.cpu_nodes),
+        (MEMORY_NODE_IDS, container.memory_nodes),
+        (LOCALITY_NODE_IDS, container.intended_nodes),
+    ):
+        if nodes is not None:
+            attributes[key] = node_list(nodes)
+    return attributes

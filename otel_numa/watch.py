@@ -1,0 +1,206 @@
+"""Notices within milliseconds when the kubelet rewrites one of its checkpoint files.
+
+The kubelet writes a checkpoint to a temporary file beside it, fsyncs it and renames it over the old one, so
+the change shows up as a rename into the directory (IN_MOVED_TO). The directories holding the checkpoints are
+watched, non-recursively, with watchfiles (inotify through the Rust ``notify`` crate); a watch only needs read
+access, so a read-only mount works. Events are grouped until the directory has been quiet for ``settle_ms``
+(the kubelet rewrites several files per pod admission), at most ``max_batch_ms``, then ``on_change`` is called
+once. Rate-limiting the exports that follow is the scheduler's job.
+
+Once per ``poll_interval_s`` the identity (device, inode) of each directory is checked: a kubelet restart
+that deletes and re-creates the directory, or a mount placed over it, leaves the old watch blind, so the watch
+is set up again on the new directory. When the watch cannot be set up at all (no inotify, too many instances
+or watches), the files' stat signatures are polled every ``poll_interval_s`` instead; that is logged once,
+and the watch is tried again every ``watch_retry_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import watchfiles
+
+from otel_numa.sources.files import StatSignature
+
+log = logging.getLogger(__name__)
+
+# watchfiles.watch's signature; tests put a failing stand-in in its place.
+WatchBackend = Callable[..., Iterator[set[tuple[Any, str]]]]
+WatcherMode = Literal["starting", "watching", "polling", "stopped"]
+DirectoryIdentity = tuple[int, int] | None  # (st_dev, st_ino); None when the directory does not exist
+
+
+def _directory_identity(path: Path) -> DirectoryIdentity:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class CheckpointWatcher:
+    """Calls ``on_change`` (from its own thread) soon after any of ``files`` is replaced, written or removed.
+
+    ``notifications`` counts the calls by cause: ``event`` (a watch event), ``catch-up`` (a file changed while
+    no watch was live, noticed when a watch started), ``poll`` (polling fallback).
+    """
+
+    def __init__(
+        self,
+        files: Iterable[Path],
+        on_change: Callable[[], None],
+        *,
+        poll_interval_s: float = 1.0,
+        settle_ms: int = 20,
+        max_batch_ms: int = 100,
+        watch_retry_s: float = 60.0,
+        backend: WatchBackend = watchfiles.watch,
+    ) -> None:
+        self._files = tuple(Path(os.path.abspath(path)) for path in files)
+        self._names = frozenset(path.name for path in self._files)
+        self._directories = tuple(dict.fromkeys(path.parent for path in self._files))
+        self._directory_names = frozenset(str(directory) for directory in self._directories)
+        self._on_change = on_change
+        self._poll_interval_s = poll_interval_s
+        self._settle_ms = settle_ms
+        self._max_batch_ms = max_batch_ms
+        self._watch_retry_s = watch_retry_s
+        self._backend = backend
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-numa-watch", daemon=True)
+        self._signatures = self._file_signatures()
+        self._retry_watch_at = 0.0
+        self._failure_logged = False
+        self.mode: WatcherMode = "starting"
+        self.watches_started = 0
+        self.notifications: Counter[str] = Counter()
+
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        return self._directories
+
+    def start(self) -> None:
+        # watchfiles logs every batch at INFO; our own log says what matters.
+        logging.getLogger("watchfiles").setLevel(logging.WARNING)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self.mode = "stopped"
+
+    # The loop ---------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            identities = self._directory_identities()
+            present = [directory for directory, identity in identities.items() if identity is not None]
+            if present and time.monotonic() >= self._retry_watch_at:
+                try:
+                    self._watch(present, identities)
+                    continue
+                except (OSError, RuntimeError) as failure:  # watchfiles' internal error is a RuntimeError
+                    if self._directory_identities() != identities:
+                        continue  # the directory went away under us: not a failure of the watch
+                    self._fall_back(failure)
+            # Polling: the fallback, or no directory to watch yet (the kubelet has not started).
+            self.mode = "polling"
+            self._check_signatures("poll")
+            self._stop.wait(self._poll_interval_s)
+
+    def _watch(self, directories: Sequence[Path], identities: dict[Path, DirectoryIdentity]) -> None:
+        """Watch until stopped or until a directory is replaced (then return, to watch the new one)."""
+        batches = self._backend(
+            *directories,
+            watch_filter=None,
+            debounce=self._max_batch_ms,
+            step=self._settle_ms,
+            stop_event=self._stop,
+            rust_timeout=max(1, round(self._poll_interval_s * 1000)),
+            yield_on_timeout=True,
+            recursive=False,
+            raise_interrupt=False,
+        )
+        try:
+            self._follow(batches, directories, identities)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()  # ends the backend's watch (and its thread) now, not when garbage is collected
+
+    def _follow(
+        self,
+        batches: Iterator[set[tuple[Any, str]]],
+        directories: Sequence[Path],
+        identities: dict[Path, DirectoryIdentity],
+    ) -> None:
+        established = False
+        next_identity_check = 0.0
+        for batch in batches:
+            if not established:
+                # The first batch (or timeout) means the watch is live: catch up on changes made before.
+                established = True
+                self._watch_established(directories)
+            if any(os.path.basename(path) in self._names for _, path in batch):
+                self._signatures = self._file_signatures()
+                self._notify("event")
+            if self._stop.is_set():
+                return
+            if any(path in self._directory_names for _, path in batch):
+                # A watched directory itself was removed, moved or created: its watch may be dead or missing.
+                return
+            now = time.monotonic()
+            if now >= next_identity_check:
+                # A mount placed over a directory makes no event; a new directory usually has a new inode.
+                next_identity_check = now + self._poll_interval_s
+                if self._directory_identities() != identities:
+                    return
+
+    def _watch_established(self, directories: Sequence[Path]) -> None:
+        self.watches_started += 1
+        self.mode = "watching"
+        if self._failure_logged:
+            log.info("watching %s for kubelet checkpoint changes again", ", ".join(map(str, directories)))
+            self._failure_logged = False
+        self._check_signatures("catch-up")
+
+    def _fall_back(self, failure: BaseException) -> None:
+        self._retry_watch_at = time.monotonic() + self._watch_retry_s
+        if not self._failure_logged:
+            self._failure_logged = True
+            log.warning(
+                "cannot watch %s for kubelet checkpoint changes (%s); polling their stat signatures "
+                "every %g s",
+                ", ".join(map(str, self._directories)),
+                failure,
+                self._poll_interval_s,
+            )
+
+    # Helpers ----------------------------------------------------------------------------------------
+
+    def _directory_identities(self) -> dict[Path, DirectoryIdentity]:
+        return {directory: _directory_identity(directory) for directory in self._directories}
+
+    def _file_signatures(self) -> tuple[StatSignature | None, ...]:
+        return tuple(StatSignature.of(path) for path in self._files)
+
+    def _check_signatures(self, cause: str) -> None:
+        current = self._file_signatures()
+        if current != self._signatures:
+            self._signatures = current
+            self._notify(cause)
+
+    def _notify(self, cause: str) -> None:
+        self.notifications[cause] += 1
+        try:
+            self._on_change()
+        except Exception:  # the callback's failure must not end the watch
+            log.exception("reacting to a kubelet checkpoint change failed")
