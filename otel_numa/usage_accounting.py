@@ -46,6 +46,11 @@ RESIDENT_MEMORY_TYPES: Mapping[CgroupLayout, tuple[str, ...]] = {
     "v1": ("anon", "file", "unevictable"),
 }
 
+# the only types read from the files
+USED_MEMORY_TYPES = frozenset(
+    name for types in (*EXPORTED_MEMORY_TYPES.values(), *RESIDENT_MEMORY_TYPES.values()) for name in types
+)
+
 
 @dataclass(frozen=True, slots=True)
 class CpuTimeSplit:

@@ -34,6 +34,7 @@ from tests.support.checkpoints import (
 from tests.support.kubelet_scenario import (
     KubeletScenario,
     Labels,
+    Samples,
     ScenarioPod,
     build_scenario,
     labels,

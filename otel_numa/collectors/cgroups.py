@@ -31,6 +31,7 @@ from otel_numa.sources.cgroups import (
 from otel_numa.sources.container_logs import ContainerIdentity, read_container_identities
 from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.usage_accounting import (
+    USED_MEMORY_TYPES,
     ContainerUsage,
     CpuTimeSplit,
     MachineNodes,
@@ -82,6 +83,10 @@ class ContainerLogNames:
         return self._names
 
 
+def _read_used_types(cgroup: ContainerCgroup, layout: CgroupLayout) -> ContainerNumaUsage | None:
+    return read_container_usage(cgroup, layout, USED_MEMORY_TYPES)
+
+
 class CgroupCollector:
     def __init__(
         self,
@@ -89,13 +94,13 @@ class CgroupCollector:
         names: NameLookup,
         registry: SourceRegistry,
         *,
-        reader: UsageReader = read_container_usage,
+        reader: UsageReader | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._root = cgroup_root
         self._names = names
         self._tracker = registry.tracker("cgroup")
-        self._read = reader
+        self._read = reader or _read_used_types
         self._clock = clock
         self._view: CgroupView | None = None
         # the join, remembered with its inputs; CPU time splits advance once per view

@@ -226,7 +226,7 @@ def _node_values(tokens: list[str], scale: int, text: str) -> dict[int, int]:
 
 
 def parse_numa_stat_v2(text: str, types: Container[str] | None = None) -> dict[str, dict[int, int]]:
-    """cgroup v2 ``memory.numa_stat``: type -> node -> bytes, every type the kernel lists (or only ``types``)."""
+    """cgroup v2 ``memory.numa_stat``: type -> node -> bytes, for every type listed (or only ``types``)."""
     memory: dict[str, dict[int, int]] = {}
     for line in text.splitlines():
         if types is not None and line.partition(" ")[0] not in types:
