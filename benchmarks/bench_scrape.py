@@ -44,7 +44,8 @@ def largest_snapshot() -> tuple[str, int]:
             return sum(
                 1
                 for member in archive.getmembers()
-                if member.isdir() and member.name.rstrip("/").rpartition("/")[2][3:].isdigit()
+                if member.isdir()
+                and member.name.rstrip("/").rpartition("/")[2][3:].isdigit()
                 and "/devices/system/cpu/cpu" in member.name
             )
 
@@ -120,7 +121,9 @@ def main() -> None:
             received = rotel.log_path.read_text(errors="replace").count("numa.cpu.capacity")
             print(f"rotel received {received} OTLP batches holding numa.cpu.capacity during the run")
             if received == 0:
-                raise SystemExit("the agent's OTLP reader delivered nothing to rotel: the RSS figure is not valid")
+                raise SystemExit(
+                    "the agent's OTLP reader delivered nothing to rotel: the RSS figure is not valid"
+                )
     if options.json is not None:
         options.json.write_text(json.dumps(results, indent=2))
 

@@ -116,7 +116,7 @@ def _running(command: Sequence[str], log_path: Path) -> Iterator[subprocess.Pope
 
 @contextmanager
 def run_agent(agent_args: Sequence[str], work: Path, name: str = "otel-numa") -> Iterator[Target]:
-    """``python -m otel_numa`` with its page and /readyz on free loopback ports; start-up ends at /readyz 200."""
+    """``python -m otel_numa`` serving on free loopback ports; start-up ends at /readyz 200."""
     port, health = free_port(), free_port()
     command = [
         sys.executable,
@@ -138,7 +138,9 @@ def run_agent(agent_args: Sequence[str], work: Path, name: str = "otel-numa") ->
 def node_exporter_binary() -> str:
     path = shutil.which(NODE_EXPORTER)
     if path is None:
-        raise SystemExit(f"{NODE_EXPORTER} is not installed (Debian: apt-get install prometheus-node-exporter)")
+        raise SystemExit(
+            f"{NODE_EXPORTER} is not installed (Debian: apt-get install prometheus-node-exporter)"
+        )
     return path
 
 

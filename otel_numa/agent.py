@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from prometheus_client import generate_latest, start_http_server
 
@@ -100,20 +99,18 @@ class Agent:
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh()
         self.scheduler = Scheduler(
-            settings.interval, [*self._refreshers(), self._push], min_trigger_gap_s=settings.push_min_interval
+            settings.interval,
+            [*self.background.tasks, self._push],
+            min_trigger_gap_s=settings.push_min_interval,
+            periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
         )
         self.scheduler.start()
-        # A kubelet state change runs the scheduler's tasks at once: refreshers, then an OTLP push.
+        # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.
         self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
         self.watcher.start()
         log.info(
             "otel-numa serving node %s with exporters %s", settings.node_name, ",".join(settings.exporters)
         )
-
-    def _refreshers(self) -> list[Callable[[], None]]:
-        """Background reads, run by the scheduler before each push."""
-        cgroups = [self._cgroups.refresh] if self._cgroups is not None else []
-        return [*cgroups, *self.background.tasks]
 
     def _push(self) -> None:
         if self.pipeline is not None:

@@ -14,9 +14,11 @@ log = logging.getLogger(__name__)
 class Scheduler:
     """Runs ``tasks`` in order every ``interval_s`` seconds, and at once when :meth:`trigger` is called.
 
-    A failing task is logged (once per distinct message) and does not stop the others or the loop.
-    Triggered rounds start at least ``min_trigger_gap_s`` apart: triggers that come during a round or the gap
-    fold into one more round after it, so the last trigger is always followed by a full round.
+    ``periodic_tasks`` run first, on the timer only: slow reads that a kubelet change does not affect (the
+    cgroup walk) must not delay the push a change triggers. A failing task is logged (once per distinct
+    message) and does not stop the others or the loop. Triggered rounds start at least ``min_trigger_gap_s``
+    apart: triggers that come during a round or the gap fold into one more round after it, so the last
+    trigger is always followed by a full round.
     """
 
     def __init__(
@@ -25,11 +27,13 @@ class Scheduler:
         tasks: Sequence[Callable[[], None]],
         name: str = "otel-numa-scheduler",
         min_trigger_gap_s: float = 0.0,
+        periodic_tasks: Sequence[Callable[[], None]] = (),
     ):
         self._interval_s = interval_s
         self._min_trigger_gap_s = min_trigger_gap_s
         self._last_round_started = -math.inf
         self._tasks = list(tasks)
+        self._periodic_tasks = list(periodic_tasks)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._logged: set[str] = set()
@@ -54,8 +58,8 @@ class Scheduler:
         """Whether the thread is still alive (after :meth:`stop`: stuck in a task)."""
         return self._thread.is_alive()
 
-    def run_once(self) -> None:
-        for task in self._tasks:
+    def run_once(self, triggered: bool = False) -> None:
+        for task in self._tasks if triggered else [*self._periodic_tasks, *self._tasks]:
             if self._stop.is_set():
                 return
             try:
@@ -73,6 +77,7 @@ class Scheduler:
             self._wake.wait(max(0.0, next_run - time.monotonic()))
             if self._stop.is_set():
                 return
+            triggered = self._wake.is_set() and time.monotonic() < next_run
             if self._wake.is_set():
                 gap_left = self._last_round_started + self._min_trigger_gap_s - time.monotonic()
                 if gap_left > 0 and self._stop.wait(gap_left):
@@ -80,5 +85,7 @@ class Scheduler:
             # cleared before the round reads anything: a trigger from now on gets a round of its own
             self._wake.clear()
             self._last_round_started = time.monotonic()
-            self.run_once()
+            self.run_once(triggered)
+            if triggered:
+                continue  # a triggered round leaves the periodic timer where it was
             next_run = time.monotonic() + self._interval_s

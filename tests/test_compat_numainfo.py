@@ -2,7 +2,8 @@
 
 numainfo_exporter reports per NUMA node (label ``numanode="node%02d"`` of the node id) its CPUs
 (``type="capacity"``) and the CPUs the cpu manager handed out exclusively (``type="allocation"``), the
-latter only when it could read ``cpu_manager_state``: no data is no series, never 0.
+latter only when some CPU is exclusively allocated (its exporter sent nothing rather than a misleading 0,
+including when ``cpu_manager_state`` could not be read).
 
 The node (by hand): NUMA ids 0, 1, 3 and 12 (sparse); node 0 holds CPUs 0-5, node 1 CPUs 6-9, node 3 is
 memory only, node 12 holds CPUs 10-11. Exclusive CPUs: 1-3 (node 0), 7 (node 1), 10-11 (node 12), and
@@ -93,10 +94,10 @@ def test_a_corrupted_cpu_manager_state_gives_no_allocation(node: KubeletScenario
 
 
 def test_the_none_policy_hands_out_no_exclusive_cpu(node: KubeletScenario) -> None:
-    # the state was read: every node has 0 exclusive CPUs, which is known, so it is reported
+    # numainfo_exporter sent allocation series only when its allocation map was not empty
     write_cpu_manager_state(node.cpu_manager_path, "none", range(12), {})
     text = node.exposition(compat="numainfo")
-    assert series(text, "numainfo_core_count") == {**CAPACITY, **{key: 0 for key in ALLOCATION}}
+    assert series(text, "numainfo_core_count") == CAPACITY
 
 
 def test_numainfo_series_only_on_request(node: KubeletScenario) -> None:

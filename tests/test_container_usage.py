@@ -311,3 +311,16 @@ def test_series_names_types_and_switches(tmp_path: Path) -> None:
         switched_off = scenario.exposition(**roots, disable=frozenset({group}))
         assert "numa_container_memory_usage_bytes" not in switched_off
         assert "numa_container_memory_locality" not in switched_off
+
+
+def test_only_the_used_memory_types_are_parsed(tmp_path: Path) -> None:
+    cgroup, logs = _node(tmp_path)
+    scope = next(cgroup.rglob(f"*{ID_1}.scope"))
+    # a type the agent does not use, with a value it could not parse: skipped, so no error
+    (scope / "memory.numa_stat").write_text("anon N0=4096 N1=8192\nslab_reclaimable N0=? N1=?\n")
+    registry = SourceRegistry()
+    collector = CgroupCollector(cgroup, ContainerLogNames(logs), registry)
+    collector.refresh()
+    app = next(c for c in collector.containers(Allocation(), None) if c.container_id == ID_1)
+    assert app.memory_by_type == {"anon": {0: 4096, 1: 8192}}
+    assert registry.reports()[0].errors == {}

@@ -27,7 +27,7 @@ from tests.support.checkpoints import (
     write_atomically,
 )
 from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.peers import free_port, http_get, run_agent, wait_for
+from tests.support.peers import AgentProcess, free_port, http_get, run_agent, wait_for
 from tests.support.sysfs_tree import NodeSpec
 
 pytestmark = pytest.mark.e2e
@@ -242,7 +242,7 @@ def sysfs_errors(text: str) -> float:
 
 
 @pytest.fixture
-def running(node: KubeletScenario, tmp_path: Path) -> Iterator[tuple[KubeletScenario, object]]:
+def running(node: KubeletScenario, tmp_path: Path) -> Iterator[tuple[KubeletScenario, AgentProcess]]:
     with run_agent(node.cli_args(), tmp_path) as agent:
         yield node, agent
         assert agent.stop() == 0
@@ -250,73 +250,75 @@ def running(node: KubeletScenario, tmp_path: Path) -> Iterator[tuple[KubeletScen
 
 
 def test_corrupt_meminfo_mid_run_is_counted_and_the_last_good_values_are_kept(
-    running: tuple[KubeletScenario, object],
+    running: tuple[KubeletScenario, AgentProcess],
 ) -> None:
     node, agent = running
-    text = agent.metrics_text()  # type: ignore[attr-defined]
+    text = agent.metrics_text()
     good = memory_of(text, 1)
     assert good == {"used": 1_500_000 * KIB, "free": 500_000 * KIB}
     meminfo = node.sysfs_root / NODE_DIR / "node1" / "meminfo"
     original = meminfo.read_bytes()
     meminfo.write_text("Node 1 MemTotal: garbage\n")
-    text = agent.metrics_text()  # type: ignore[attr-defined]
+    text = agent.metrics_text()
     assert memory_of(text, 1) == good, "DESIGN: a sysfs source that fails keeps its last good value"
     assert sysfs_errors(text) >= 1
     meminfo.write_bytes(original.replace(b"500000", b"600000"))
-    text = agent.metrics_text()  # type: ignore[attr-defined]
+    text = agent.metrics_text()
     assert memory_of(text, 1)["free"] == 600_000 * KIB
 
 
 def test_meminfo_replaced_by_a_directory_is_an_unreadable_source(
-    running: tuple[KubeletScenario, object],
+    running: tuple[KubeletScenario, AgentProcess],
 ) -> None:
     """DESIGN: a source that exists but cannot be read is counted in numa.agent.source.errors and its last
     good value is kept; a directory where ``node1/meminfo`` should be is such a file."""
     node, agent = running
-    good = memory_of(agent.metrics_text(), 1)  # type: ignore[attr-defined]
+    good = memory_of(agent.metrics_text(), 1)
     meminfo = node.sysfs_root / NODE_DIR / "node1" / "meminfo"
     original = meminfo.read_bytes()
     meminfo.unlink()
     meminfo.mkdir()
     try:
-        text = agent.metrics_text()  # type: ignore[attr-defined]
+        text = agent.metrics_text()
         assert memory_of(text, 0), "the other node is untouched"
         unreadable_counted = sysfs_errors(text) >= 1
         kept = memory_of(text, 1) == good
     finally:
         meminfo.rmdir()
         meminfo.write_bytes(original)
-    assert memory_of(agent.metrics_text(), 1) == good  # type: ignore[attr-defined]
+    assert memory_of(agent.metrics_text(), 1) == good
     assert unreadable_counted and kept, f"counted={unreadable_counted} kept={kept}"
 
 
-def test_numastat_that_vanishes_and_comes_back(running: tuple[KubeletScenario, object]) -> None:
+def test_numastat_that_vanishes_and_comes_back(running: tuple[KubeletScenario, AgentProcess]) -> None:
     node, agent = running
     numastat = node.sysfs_root / NODE_DIR / "node1" / "numastat"
     hit = labels(numa_node_id=1, numa_numastat_type="hit")
-    assert series(agent.metrics_text(), "numa_memory_page_allocations_total")[hit] == 20  # type: ignore[attr-defined]
+    assert series(agent.metrics_text(), "numa_memory_page_allocations_total")[hit] == 20
     original = numastat.read_bytes()
     numastat.unlink()
-    text = agent.metrics_text()  # type: ignore[attr-defined]
+    text = agent.metrics_text()
     counters = series(text, "numa_memory_page_allocations_total")
     assert hit not in counters
     assert counters[labels(numa_node_id=0, numa_numastat_type="hit")] == 10
     numastat.write_bytes(original.replace(b"numa_hit 20", b"numa_hit 25"))
-    assert series(agent.metrics_text(), "numa_memory_page_allocations_total")[hit] == 25  # type: ignore[attr-defined]
+    assert series(agent.metrics_text(), "numa_memory_page_allocations_total")[hit] == 25
 
 
-def test_the_whole_node_directory_vanishing_keeps_serving(running: tuple[KubeletScenario, object]) -> None:
+def test_the_whole_node_directory_vanishing_keeps_serving(
+    running: tuple[KubeletScenario, AgentProcess],
+) -> None:
     node, agent = running
-    before = agent.metrics_text()  # type: ignore[attr-defined]
+    before = agent.metrics_text()
     node_dir = node.sysfs_root / NODE_DIR
     away = node_dir.with_name("node-away")
     node_dir.rename(away)
     try:
-        text = agent.metrics_text()  # type: ignore[attr-defined]
+        text = agent.metrics_text()
         assert "numa_node_count" in text
     finally:
         away.rename(node_dir)
-    after = agent.metrics_text()  # type: ignore[attr-defined]
+    after = agent.metrics_text()
     assert series(after, "numa_memory_capacity_bytes") == series(before, "numa_memory_capacity_bytes")
 
 

@@ -322,7 +322,7 @@ def test_cgroup_files_with_any_content_only_raise_source_errors(
 # --- directory listings with hostile names --------------------------------------------------------
 
 file_names = st.text(
-    alphabet=st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)),
+    alphabet=st.characters(exclude_characters="/\x00", exclude_categories=["Cs"]),
     min_size=1,
     max_size=60,
 ).filter(lambda name: name not in (".", "..") and len(name.encode()) < 255)
@@ -428,9 +428,10 @@ def mutated_json(draw: st.DrawFn, document: Any) -> Any:
     """``document`` with one to four edits: a value replaced, a key dropped, renamed or added."""
     document = json.loads(json.dumps(document))
     for _ in range(draw(st.integers(1, 4))):
-        target = draw(st.sampled_from(_containers(document)))
+        target: Any = draw(st.sampled_from(_containers(document)))
         if isinstance(target, list):
-            if target and draw(st.booleans()):
+            overwrite: bool = draw(st.booleans())
+            if target and overwrite:
                 target[draw(st.integers(0, len(target) - 1))] = draw(json_values)
             else:
                 target.append(draw(json_values))

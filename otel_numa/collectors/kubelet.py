@@ -6,6 +6,7 @@ Everything under the kubelet root is opened read-only; nothing is created, locke
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from otel_numa.sources.pod_logs import read_pod_identities
 
 T = TypeVar("T")
 
+RACY_LISTING_NS = 1_000_000_000
 CPU_MANAGER_FILE = "cpu_manager_state"
 MEMORY_MANAGER_FILE = "memory_manager_state"
 DEVICE_CHECKPOINT_FILE = os.path.join("device-plugins", "kubelet_internal_checkpoint")
@@ -58,7 +60,11 @@ class CheckpointFile(Generic[T]):
 
 @dataclass
 class _DirectoryCache(Generic[T]):
-    """A directory listing, re-read when the directory's mtime changes (entries added or removed)."""
+    """A directory listing, re-read when the directory's mtime changes (entries added or removed).
+
+    A listing taken less than a second after the directory's mtime is not trusted to stay current: on
+    kernels with coarse timestamps an entry added in the same tick would not change the mtime again.
+    """
 
     path: Path
     read: Callable[[Path], T]
@@ -71,7 +77,8 @@ class _DirectoryCache(Generic[T]):
             self.signature = self.value = None
         elif signature != self.signature:
             try:
-                self.value, self.signature = self.read(self.path), signature
+                racy = time.time_ns() - signature.mtime_ns < RACY_LISTING_NS
+                self.value, self.signature = self.read(self.path), None if racy else signature
             except SourceError:
                 self.value = self.signature = None
         return self.value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -13,6 +13,7 @@ from otel_numa.sources.errors import SourceError
 from otel_numa.sources.sysfs import Topology
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 class MachineCollector:
@@ -50,19 +51,39 @@ class MachineCollector:
         # Keep the last good value of a part that fails this round, as long as the topology is the same.
         last = self._last if self._last is not None and self._last.topology is topology else None
 
+        def per_node(
+            reader: Callable[[sysfs.NodeErrorHandler], Mapping[int, V]], previous: Mapping[int, V] | None
+        ) -> dict[int, V]:
+            """A per-node sysfs read in which one bad node costs only that node's fresh value."""
+            bad_nodes: list[int] = []
+
+            def on_node_error(node_id: int, error: SourceError) -> None:
+                self._sysfs.failed(error)
+                failed.add(self._sysfs.name)
+                bad_nodes.append(node_id)
+
+            values = dict(read(self._sysfs, lambda: reader(on_node_error), previous or {}))
+            for node_id in bad_nodes:
+                if previous is not None and node_id in previous:
+                    values[node_id] = previous[node_id]
+            return values
+
         root, proc = self._sysfs_root, self._procfs_root
         usage = MachineUsage(
             topology=topology,
-            memory=read(
-                self._sysfs, lambda: sysfs.read_node_memory(root, proc, topology), last.memory if last else {}
+            memory=per_node(
+                lambda on_error: sysfs.read_node_memory(root, proc, topology, on_node_error=on_error),
+                last.memory if last else None,
             ),
-            hugepages=read(
-                self._sysfs,
-                lambda: sysfs.read_hugepages(root, topology, procfs_root=proc),
-                last.hugepages if last else {},
+            hugepages=per_node(
+                lambda on_error: sysfs.read_hugepages(
+                    root, topology, procfs_root=proc, on_node_error=on_error
+                ),
+                last.hugepages if last else None,
             ),
-            numastat=read(
-                self._sysfs, lambda: sysfs.read_numastat(root, topology), last.numastat if last else {}
+            numastat=per_node(
+                lambda on_error: sysfs.read_numastat(root, topology, on_node_error=on_error),
+                last.numastat if last else None,
             ),
             cpu_time=read(
                 self._procfs,

@@ -15,6 +15,8 @@ Observe = Callable[[Snapshot], Iterable[Point]]
 Kind = Literal["updown", "gauge", "counter"]
 
 NUMA_ID = "numa.node.id"
+# OTLP encodes integer points as int64: one value beyond it would fail the whole export.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class Instruments:
@@ -28,7 +30,11 @@ class Instruments:
         store = self._store
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, attributes) for value, attributes in observe(store.current())]
+            return [
+                Observation(value, attributes)
+                for value, attributes in observe(store.current())
+                if not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
+            ]
 
         create = {
             # additive amounts sum correctly when a NUMA id is aggregated away

@@ -2,7 +2,9 @@
 
 - ``numainfo_node_count{node}``: NUMA nodes of the machine.
 - ``numainfo_core_count{node,numanode="nodeNN",type="capacity"}``: CPUs of the NUMA node; with
-  ``type="allocation"``, its exclusive CPUs, for every node, only when the cpu manager state was read.
+  ``type="allocation"``, its exclusive CPUs, for every node, but only when some CPU of the machine is
+  exclusively allocated (numainfo_exporter reported nothing rather than a misleading 0). Unlike
+  numainfo_exporter, entries of pods that no longer exist are not counted.
 - ``numainfo_version{...} 1``.
 """
 
@@ -27,7 +29,7 @@ def register_numainfo(instruments: Instruments, node_name: str) -> None:
         for node in snapshot.machine.topology.nodes:
             numanode = f"node{node.id:02d}"
             yield len(node.cpus), {"node": node_name, "numanode": numanode, "type": "capacity"}
-            if allocated is not None:  # no data is reported as no series, never as 0
+            if allocated and any(allocated.values()):  # "no allocation" is no series, never 0
                 yield (
                     allocated.get(node.id, 0),
                     {"node": node_name, "numanode": numanode, "type": "allocation"},

@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import (
     format_cpulist,
     parse_cpulist,
@@ -30,6 +31,8 @@ from otel_numa.sources.files import (
     read_text,
 )
 from otel_numa.sources.procfs import MAX_AMOUNT, parse_meminfo, read_meminfo
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +125,40 @@ def _numbered_entries(directory: Path, pattern: re.Pattern[str]) -> dict[int, st
     return found
 
 
-def _read_node_file(path: Path) -> str | None:
-    """A per-node (or per-CPU) file; ``None`` when it vanished or is unreadable: only its value is lost."""
+def _read_node_file(path: Path, *, strict: bool = False) -> str | None:
+    """A per-node (or per-CPU) file; ``None`` when it vanished or (unless ``strict``) is unreadable."""
     try:
         return read_text(path)
     except SourceMissing:
         return None
     except SourceUnavailable as error:
+        if strict:
+            raise
         logger.debug("skipping unreadable %s: %s", path, error)
         return None
+
+
+# Receives (node id, error) for a node whose file is unreadable or corrupt; that node is left out.
+NodeErrorHandler = Callable[[int, SourceError], None]
+
+
+def _per_node(
+    node_ids: Iterable[int], read_one: Callable[[int, bool], T | None], on_node_error: NodeErrorHandler | None
+) -> dict[int, T]:
+    """``read_one`` for every node. Without a handler a corrupt node fails the whole read (and unreadable
+    files are skipped); with one, each bad node is reported and the good nodes are still returned."""
+    result: dict[int, T] = {}
+    for node_id in node_ids:
+        try:
+            value = read_one(node_id, on_node_error is not None)
+        except SourceError as error:
+            if on_node_error is None:
+                raise
+            on_node_error(node_id, error)
+            continue
+        if value is not None:
+            result[node_id] = value
+    return result
 
 
 def _parse_int(text: str, path: Path) -> int:
@@ -309,7 +337,9 @@ def _node_memory(fields: Mapping[str, int]) -> NodeMemory | None:
     return NodeMemory(total_bytes=total, free_bytes=free, used_bytes=used)
 
 
-def read_node_memory(sysfs_root: Path, procfs_root: Path, topology: Topology) -> dict[int, NodeMemory]:
+def read_node_memory(
+    sysfs_root: Path, procfs_root: Path, topology: Topology, *, on_node_error: NodeErrorHandler | None = None
+) -> dict[int, NodeMemory]:
     """Memory per node from ``nodeN/meminfo`` (or ``<procfs>/meminfo`` without NUMA), in bytes.
 
     A node whose meminfo vanished, or lacks MemTotal, is absent from the result.
@@ -319,30 +349,31 @@ def read_node_memory(sysfs_root: Path, procfs_root: Path, topology: Topology) ->
         return {} if memory is None else {topology.nodes[0].id: memory}
 
     _require_node_dir(sysfs_root)
-    result: dict[int, NodeMemory] = {}
-    for node_id in topology.node_ids:
-        text = _read_node_file(node_path(sysfs_root, node_id) / "meminfo")
-        if text is None:
-            continue
-        memory = _node_memory(parse_meminfo(text))
-        if memory is not None:
-            result[node_id] = memory
-    return result
+
+    def read_one(node_id: int, strict: bool) -> NodeMemory | None:
+        text = _read_node_file(node_path(sysfs_root, node_id) / "meminfo", strict=strict)
+        return None if text is None else _node_memory(parse_meminfo(text))
+
+    return _per_node(topology.node_ids, read_one, on_node_error)
 
 
 # --- hugepages -----------------------------------------------------------------------------------
 
 
-def _read_pools(directory: Path) -> tuple[HugepagePool, ...] | None:
+def _read_pools(directory: Path, *, strict: bool = False) -> tuple[HugepagePool, ...] | None:
     """The ``hugepages-<kB>kB`` pools under ``directory`` by size; ``None`` when the directory is absent."""
     try:
         sizes = _numbered_entries(directory, _HUGEPAGES_NAME)
-    except (SourceMissing, SourceUnavailable):
+    except SourceMissing:
+        return None
+    except SourceUnavailable:
+        if strict:
+            raise
         return None
     pools: list[HugepagePool] = []
     for size_kib, name in sorted(sizes.items()):
-        total_text = _read_node_file(directory / name / "nr_hugepages")
-        free_text = _read_node_file(directory / name / "free_hugepages")
+        total_text = _read_node_file(directory / name / "nr_hugepages", strict=strict)
+        free_text = _read_node_file(directory / name / "free_hugepages", strict=strict)
         if total_text is None or free_text is None:
             continue
         pools.append(
@@ -368,7 +399,11 @@ def _pools_from_meminfo(procfs_root: Path) -> tuple[HugepagePool, ...] | None:
 
 
 def read_hugepages(
-    sysfs_root: Path, topology: Topology, *, procfs_root: Path | None = None
+    sysfs_root: Path,
+    topology: Topology,
+    *,
+    procfs_root: Path | None = None,
+    on_node_error: NodeErrorHandler | None = None,
 ) -> dict[int, tuple[HugepagePool, ...]]:
     """Hugepage pools per node, smallest page size first.
 
@@ -383,12 +418,11 @@ def read_hugepages(
         return {} if pools is None else {topology.nodes[0].id: pools}
 
     _require_node_dir(sysfs_root)
-    result: dict[int, tuple[HugepagePool, ...]] = {}
-    for node_id in topology.node_ids:
-        pools = _read_pools(node_path(sysfs_root, node_id) / "hugepages")
-        if pools is not None:
-            result[node_id] = pools
-    return result
+
+    def read_one(node_id: int, strict: bool) -> tuple[HugepagePool, ...] | None:
+        return _read_pools(node_path(sysfs_root, node_id) / "hugepages", strict=strict)
+
+    return _per_node(topology.node_ids, read_one, on_node_error)
 
 
 # --- numastat ------------------------------------------------------------------------------------
@@ -409,15 +443,17 @@ def parse_numastat(text: str, path: Path) -> dict[str, int]:
     return counters
 
 
-def read_numastat(sysfs_root: Path, topology: Topology) -> dict[int, dict[str, int]]:
+def read_numastat(
+    sysfs_root: Path, topology: Topology, *, on_node_error: NodeErrorHandler | None = None
+) -> dict[int, dict[str, int]]:
     """Page allocation counters per node; a node without ``numastat`` (or no NUMA at all) is absent."""
     if not topology.numa_enabled:
         return {}
     _require_node_dir(sysfs_root)
-    result: dict[int, dict[str, int]] = {}
-    for node_id in topology.node_ids:
+
+    def read_one(node_id: int, strict: bool) -> dict[str, int] | None:
         path = node_path(sysfs_root, node_id) / "numastat"
-        text = _read_node_file(path)
-        if text is not None:
-            result[node_id] = parse_numastat(text, path)
-    return result
+        text = _read_node_file(path, strict=strict)
+        return None if text is None else parse_numastat(text, path)
+
+    return _per_node(topology.node_ids, read_one, on_node_error)

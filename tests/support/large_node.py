@@ -221,7 +221,9 @@ class LargeNode:
             for numa in range(spec.numa_nodes)
         }
         pools = _hugepage_pools(spec)
-        free_pages = {(numa, size): pool[0] for numa in range(spec.numa_nodes) for size, pool in pools.items()}
+        free_pages = {
+            (numa, size): pool[0] for numa in range(spec.numa_nodes) for size, pool in pools.items()
+        }
         sizes = spec.hugepage_sizes_kib
         placements: list[_Placement] = []
         for pod_index, pod in enumerate(self.pods):
@@ -262,7 +264,9 @@ class LargeNode:
             device_id = f"{resources[resource_index].rpartition('/')[2]}-{device_index}"
             numa = self._device_numa(resource_index, device_index)
             entries.append(
-                DeviceEntry(placement.pod_uid, placement.name, resources[resource_index], {numa: (device_id,)})
+                DeviceEntry(
+                    placement.pod_uid, placement.name, resources[resource_index], {numa: (device_id,)}
+                )
             )
         return entries
 
@@ -307,7 +311,11 @@ class LargeNode:
         machine_state: dict[int, NumaMemoryState] = {}
         for numa in range(spec.numa_nodes):
             system_reserved = GIB if numa == 0 else 0
-            tables = {"memory": _table(spec.mem_per_node_kib * KIB, system_reserved, expected.memory_by_numa.get(numa, 0))}
+            tables = {
+                "memory": _table(
+                    spec.mem_per_node_kib * KIB, system_reserved, expected.memory_by_numa.get(numa, 0)
+                )
+            }
             for size_kib, (total_pages, _) in pools.items():
                 resource = hugepage_resource(size_kib)
                 used = expected.hugepages_by_numa.get((numa, resource), 0)
@@ -391,7 +399,9 @@ def write_large_node(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode
 def large_node_at(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode:
     """The node :func:`write_large_node` wrote under ``root`` with the same ``spec`` (nothing is written)."""
     spec = spec or LargeNodeSpec()
-    pods = make_pods(spec.pods, spec.containers_per_pod, nodes=list(range(spec.numa_nodes))) if spec.pods else ()
+    pods = (
+        make_pods(spec.pods, spec.containers_per_pod, nodes=list(range(spec.numa_nodes))) if spec.pods else ()
+    )
     return LargeNode(spec, root, pods)
 
 
@@ -413,15 +423,22 @@ def _write_pod_directories(node: LargeNode) -> None:
 
 
 def _write_cgroups(node: LargeNode, numa_ids: Sequence[int]) -> None:
-    """A cgroup v2 tree whose effective cpusets and mems match the generation-0 placement."""
+    """A cgroup v2 tree whose effective cpusets, mems and memory match the generation-0 placement."""
     by_container = {(p.pod_uid, p.name): p for p in node._placements(0)}
     pinned: list[FakePod] = []
     for pod in node.pods:
         containers = []
         for index, container in enumerate(pod.containers):
             placement = by_container[(pod.uid, container_name(index))]
+            # a pinned container's pages are all on its node; the file still lists every node (as 0)
+            memory = {
+                kind: {placement.numa: sum(by_node.values())}
+                for kind, by_node in container.memory_bytes.items()
+            }
             containers.append(
-                dataclasses.replace(container, cpus=str(placement.cpu), mems=str(placement.numa))
+                dataclasses.replace(
+                    container, memory_bytes=memory, cpus=str(placement.cpu), mems=str(placement.numa)
+                )
             )
         pinned.append(dataclasses.replace(pod, containers=tuple(containers)))
     write_cgroup_tree(node.cgroup_root, "v2", "systemd", pinned, nodes=numa_ids)

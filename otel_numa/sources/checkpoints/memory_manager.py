@@ -208,9 +208,16 @@ def _invalid(message: str) -> SourceCorrupt:
     return SourceCorrupt(f"{WHAT}: {message}", error_type=INVALID_VALUE)
 
 
+# Amounts are uint64 in the kubelet; no machine has 8 EiB, and OTLP carries int64.
+MAX_AMOUNT = 2**63 - 1
+
+
 def _int(value: object) -> int:
     # the decoder only ever stores an int in a Go integer field
-    return cast(int, value)
+    amount = cast(int, value)
+    if amount > MAX_AMOUNT:
+        raise _invalid(f"amount {amount} is beyond any machine")
+    return amount
 
 
 def _ints(value: object) -> tuple[int, ...]:
