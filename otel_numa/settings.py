@@ -91,15 +91,11 @@ class Settings(BaseSettings):
     health_address: str = "0.0.0.0:9465"
     otlp_endpoint: str | None = Field(
         default=None,
-        validation_alias=AliasChoices(
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
-        ),
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
     )
     otlp_protocol: OtlpProtocol = Field(
         default="grpc",
-        validation_alias=AliasChoices(
-            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
-        ),
+        validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
     )
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
     interval: float = Field(default=15.0, gt=0, le=3600)
