@@ -9,7 +9,7 @@ device checkpoints, 64 devices over 4 resources (tests/support/large_node.py). M
 - Prometheus scrape latency and CPU per scrape of the agent process beside node_exporter (meminfo_numa and
   cpu collectors) on the same tree, interleaved; RSS; start-up to ready;
 - OTLP export cost: CPU per push over gRPC and over HTTP/protobuf to a real rotel collector;
-- RSS over 10,000 rounds in a fresh process (every 100th round a background refresh and a whole
+- RSS over 10,000 rounds in a fresh process (every 250th round a background refresh and a whole
   Prometheus collection, every 1,000th the checkpoints all change), at round 1,000 and round 10,000.
 
     .venv/bin/python -m benchmarks.bench_agent [--rounds 10000]
@@ -76,8 +76,9 @@ def in_process(node: LargeNode, rounds: int) -> dict[str, tuple[float, float]]:
     """Collection rounds, unchanged and with every checkpoint rewritten, and whole Prometheus collections."""
     settings = Settings(**node.settings_values(), exporters=("prometheus",))  # type: ignore[arg-type]
     agent = Agent(settings)
-    refreshers = background_refreshers(agent)
-    results = {"background refresh (cgroups, ...)": summary(cpu_ms(refreshers, max(10, rounds // 10)))}
+    results = {
+        "background refresh (cgroups, ...)": summary(cpu_ms(agent.refresh_background, max(10, rounds // 10)))
+    }
     agent.store.refresh()
     results |= {"unchanged round": summary(cpu_ms(agent.store.refresh, rounds))}
     results["every checkpoint changed"] = summary(
@@ -111,26 +112,12 @@ def otlp_export(
             interval=3600,
         )
         agent = Agent(settings)
-        background_refreshers(agent)()
+        agent.refresh_background()
         pipeline = build_pipeline(settings, agent.store)
         pipeline.push(timeout_s=10)
         results[f"OTLP push, {protocol}"] = summary(cpu_ms(partial(pipeline.push, timeout_s=10), pushes))
         pipeline.shutdown(timeout_s=2)
     return results
-
-
-def background_refreshers(agent: Agent) -> Callable[[], None]:
-    """What the agent's scheduler runs before each push (cgroup reads and the like), as one call.
-
-    In-process there is no scheduler, so without this the per-container usage series would be missing.
-    """
-    tasks = agent._refreshers()
-
-    def run() -> None:
-        for task in tasks:
-            task()
-
-    return run
 
 
 # The soak runs in its own process, so that its RSS is the agent's and nothing else's.
@@ -140,7 +127,7 @@ def soak(root: Path, rounds: int) -> dict[int, float]:
     node = large_node_at(root)
     settings = Settings(**node.settings_values(), exporters=("prometheus",))  # type: ignore[arg-type]
     agent = Agent(settings)
-    refresh_background = background_refreshers(agent)
+    refresh_background = agent.refresh_background
     pipeline = build_pipeline(settings, agent.store, exporters=("prometheus",))
     registry = pipeline.registry
     assert registry is not None
@@ -149,9 +136,9 @@ def soak(root: Path, rounds: int) -> dict[int, float]:
     for number in range(1, rounds + 1):
         if number % 1000 == 0:
             node.write_checkpoints(number // 1000 % 2)
-        if number % 100 == 1:
+        if number % 250 == 1:
             refresh_background()
-        if number % 100 == 0:
+        if number % 250 == 0:
             generate_latest(registry)
         else:
             agent.store.refresh()

@@ -71,11 +71,15 @@ class Agent:
 
     # One-shot mode ------------------------------------------------------------------------------
 
+    def refresh_background(self) -> None:
+        """Every background read at once, in this thread (``--once`` and in-process use: no scheduler)."""
+        if self._cgroups is not None:
+            self._cgroups.refresh()
+        self.background.refresh_once()
+
     def exposition_once(self) -> bytes:
         """The Prometheus text exposition of one collection."""
-        if self._cgroups is not None:
-            self._cgroups.refresh()  # no background thread here: read the cgroups once, now
-        self.background.refresh_once()
+        self.refresh_background()
         pipeline = build_pipeline(self.settings, self.store, exporters=("prometheus",))
         try:
             assert pipeline.registry is not None

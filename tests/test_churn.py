@@ -116,7 +116,7 @@ def test_without_forgetting_the_sdk_folds_new_pods_into_overflow(
     agent = started_agent(node, server)
     monkeypatch.setattr(agent.background, "forget_departed", lambda: None)
     assert agent.scheduler is not None
-    agent.scheduler._tasks = [*agent._refreshers(), agent._push]
+    agent.scheduler._tasks = [*agent.background.tasks, agent._push]
     churn = Churn(node, server, agent)
     try:
         texts = [churn.next_batch() for _ in range(CARDINALITY_LIMIT // BATCH + 1)]

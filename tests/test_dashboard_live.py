@@ -29,10 +29,33 @@ NODE = "dashboard-node"
 RATE_WINDOW = "15s"
 
 # The demo's pods (config/demo/generate.py) as the kubelet's podresources API would list them.
+GIB, MIB = 1024**3, 1024**2
 DEMO_PODS = [
-    ("default", "web-0", [("app", [], [("intel.com/qat", "qat-0000:3d:00.1", [])])]),
-    ("trading", "matcher-0", [("engine", [4, 5, 6, 7], [("example.com/sriov-vf", "0000:5e:02.3", [1])])]),
-    ("ml", "trainer-0", [("train", [10, 11, 12, 13], [("nvidia.com/gpu", "GPU-4f5e6d7c", [2])])]),
+    ("default", "web-0", [("app", [], [("intel.com/qat", "qat-0000:3d:00.1", [])], [])]),
+    (
+        "trading",
+        "matcher-0",
+        [
+            (
+                "engine",
+                [4, 5, 6, 7],
+                [("example.com/sriov-vf", "0000:5e:02.3", [1])],
+                [("memory", 2 * GIB, [1]), ("hugepages-2Mi", 256 * MIB, [1])],
+            )
+        ],
+    ),
+    (
+        "ml",
+        "trainer-0",
+        [
+            (
+                "train",
+                [10, 11, 12, 13],
+                [("nvidia.com/gpu", "GPU-4f5e6d7c", [2])],
+                [("memory", 4 * GIB, [2, 3])],
+            )
+        ],
+    ),
 ]
 ALLOCATABLE_DEVICES = [
     ("intel.com/qat", "qat-0000:3d:00.1", []),
@@ -55,8 +78,20 @@ def demo_podresources_state() -> PodResourcesState:
             name=name,
             namespace=namespace,
             containers=[
-                pb.ContainerResources(name=container, cpu_ids=cpus, devices=[_devices(*d) for d in devices])
-                for container, cpus, devices in containers
+                pb.ContainerResources(
+                    name=container,
+                    cpu_ids=cpus,
+                    devices=[_devices(*d) for d in devices],
+                    memory=[
+                        pb.ContainerMemory(
+                            memory_type=kind,
+                            size=size,
+                            topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa]),
+                        )
+                        for kind, size, numa in memory
+                    ],
+                )
+                for container, cpus, devices, memory in containers
             ],
         )
         for namespace, name, containers in DEMO_PODS
@@ -107,7 +142,6 @@ def test_every_dashboard_query_returns_data(
     numastat.unlink()
     numastat.mkdir()
     with PodResourcesServer(state=demo_podresources_state()) as server:
-        server.start()
         args = [
             "--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--node-name", NODE,
             "--kubelet-root", str(demo_copy / "kubelet"), "--pod-logs-root", str(demo_copy / "pod-logs"),

@@ -29,7 +29,8 @@ COMMON_LABELS = frozenset({"k8s_node_name", "job", "instance"})
 NUMA = frozenset({"numa_node_id"})
 POD = frozenset({"k8s_pod_uid", "k8s_container_name", "k8s_pod_name", "k8s_namespace_name"})
 
-# Prometheus names from DESIGN.md's metric table, each with the labels it carries besides COMMON_LABELS.
+# Prometheus names from DESIGN.md's metric table (and the README's additions), each with the labels it
+# carries besides COMMON_LABELS.
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_node_count": frozenset(),
     "numa_node_distance": NUMA | {"numa_node_target_id"},
@@ -55,6 +56,10 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_memory_usage_bytes": POD | NUMA | {"numa_memory_type"},
     "numa_container_cpu_time_seconds_total": POD | NUMA,
     "numa_container_memory_locality": POD,
+    # beyond DESIGN.md's table: issue-named series of the agent (see README)
+    "numa_container_cpuset_nodes": POD
+    | {"numa_cpu_node_ids", "numa_memory_node_ids", "numa_locality_node_ids"},
+    "numa_container_info": POD,
     "numa_agent_source_errors_total": frozenset({"numa_source", "error_type"}),
     "numa_agent_source_age_seconds": frozenset({"numa_source"}),
 }
