@@ -30,7 +30,10 @@ RATE_WINDOW = "15s"
 
 # The demo's pods (config/demo/generate.py) as the kubelet's podresources API would list them.
 GIB, MIB = 1024**3, 1024**2
-DEMO_PODS = [
+Device = tuple[str, str, list[int]]  # resource, device id, NUMA ids
+Memory = tuple[str, int, list[int]]  # type, bytes, NUMA ids
+Container = tuple[str, list[int], list[Device], list[Memory]]  # name, exclusive CPUs, devices, memory
+DEMO_PODS: list[tuple[str, str, list[Container]]] = [
     ("default", "web-0", [("app", [], [("intel.com/qat", "qat-0000:3d:00.1", [])], [])]),
     (
         "trading",
@@ -57,7 +60,7 @@ DEMO_PODS = [
         ],
     ),
 ]
-ALLOCATABLE_DEVICES = [
+ALLOCATABLE_DEVICES: list[Device] = [
     ("intel.com/qat", "qat-0000:3d:00.1", []),
     ("intel.com/qat", "qat-0000:3d:00.2", []),
     ("example.com/sriov-vf", "0000:5e:02.3", [1]),

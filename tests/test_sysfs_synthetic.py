@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import errno
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,15 +65,24 @@ def fresh_overlap_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 def fail_open(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path, int], None]]:
     """Make opening one path fail with an OS error (root ignores chmod, so the error is injected)."""
     failures: dict[str, int] = {}
-    real_open = builtins.open
+    real_open, real_os_open = builtins.open, os.open
 
-    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+    def fail_if_listed(file: Any) -> None:
         code = failures.get(str(file))
         if code is not None:
             raise OSError(code, "injected", str(file))
+
+    def fake_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        fail_if_listed(file)
         return real_open(file, *args, **kwargs)
 
+    def fake_os_open(file: Any, *args: Any, **kwargs: Any) -> int:
+        fail_if_listed(file)
+        return real_os_open(file, *args, **kwargs)
+
+    # the readers use both (files read every round go through os.open)
     monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(os, "open", fake_os_open)
 
     def add(path: Path, code: int) -> None:
         failures[str(path)] = code
@@ -369,14 +379,14 @@ def test_node_going_offline_during_the_topology_read(
 ) -> None:
     sysfs_root, procfs_root = machine
     node1 = sysfs_root / NODE_DIR / "node1"
-    real_open = builtins.open
+    real_open = os.open
 
-    def racing_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+    def racing_open(file: Any, *args: Any, **kwargs: Any) -> int:
         if str(file) == str(node1 / "cpulist") and node1.exists():
             shutil.rmtree(node1)  # the node is hot-removed after its directory was listed
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", racing_open)
+    monkeypatch.setattr(os, "open", racing_open)
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     assert topology.node_ids == (0,)
 

@@ -1,4 +1,8 @@
-"""sysfs/procfs -> :class:`MachineUsage`, with the topology cached until the online masks change."""
+"""sysfs/procfs -> :class:`MachineUsage`, with the topology cached until the online masks change.
+
+What depends only on the topology (file paths, hugepage pool listings, the CPU -> node map for
+/proc/stat) is prepared when it is read, so that a round is only the reads and the sums.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from otel_numa.accounting import MachineUsage, cpu_time_by_node
+from otel_numa.accounting import MachineUsage
 from otel_numa.source_status import SourceRegistry, SourceTracker
-from otel_numa.sources import procfs, sysfs
+from otel_numa.sources import sysfs
 from otel_numa.sources.errors import SourceError
-from otel_numa.sources.sysfs import Topology
+from otel_numa.sources.procfs import NodeCpuTimes
+from otel_numa.sources.sysfs import NodeFiles, Topology
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -24,13 +29,18 @@ class MachineCollector:
         self._procfs = registry.tracker("procfs")
         self._topology_key: tuple[str, ...] | None = None
         self._topology: Topology | None = None
+        self._node_files: NodeFiles | None = None
+        self._cpu_times: NodeCpuTimes | None = None
         self._last: MachineUsage | None = None
 
     def _read_topology(self) -> Topology:
         """The cached topology, re-read only when the online node/CPU masks changed."""
         key = sysfs.topology_signature(self._sysfs_root)
         if key != self._topology_key or self._topology is None:
-            self._topology = sysfs.read_topology(self._sysfs_root, self._procfs_root)
+            topology = sysfs.read_topology(self._sysfs_root, self._procfs_root)
+            self._node_files = NodeFiles(self._sysfs_root, topology, self._procfs_root)
+            self._cpu_times = NodeCpuTimes(sysfs.nodes_by_cpu(topology))
+            self._topology = topology
             self._topology_key = key
         return self._topology
 
@@ -46,7 +56,8 @@ class MachineCollector:
                 return fallback
 
         topology = read(self._sysfs, self._read_topology, self._topology)
-        if topology is None:
+        node_files, cpu_times = self._node_files, self._cpu_times
+        if topology is None or node_files is None or cpu_times is None:
             return None
         # Keep the last good value of a part that fails this round, as long as the topology is the same.
         last = self._last if self._last is not None and self._last.topology is topology else None
@@ -68,27 +79,21 @@ class MachineCollector:
                     values[node_id] = previous[node_id]
             return values
 
-        root, proc = self._sysfs_root, self._procfs_root
         usage = MachineUsage(
             topology=topology,
             memory=per_node(
-                lambda on_error: sysfs.read_node_memory(root, proc, topology, on_node_error=on_error),
-                last.memory if last else None,
+                lambda on_error: node_files.memory(on_node_error=on_error), last.memory if last else None
             ),
             hugepages=per_node(
-                lambda on_error: sysfs.read_hugepages(
-                    root, topology, procfs_root=proc, on_node_error=on_error
-                ),
+                lambda on_error: node_files.hugepages(on_node_error=on_error),
                 last.hugepages if last else None,
             ),
             numastat=per_node(
-                lambda on_error: sysfs.read_numastat(root, topology, on_node_error=on_error),
+                lambda on_error: node_files.numastat(on_node_error=on_error),
                 last.numastat if last else None,
             ),
             cpu_time=read(
-                self._procfs,
-                lambda: cpu_time_by_node(procfs.read_cpu_times(proc), topology),
-                last.cpu_time if last else {},
+                self._procfs, lambda: cpu_times.read(self._procfs_root), last.cpu_time if last else {}
             ),
         )
         for tracker in (self._sysfs, self._procfs):

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import zip_longest
+from operator import itemgetter
 from pathlib import Path
 
 from otel_numa.sources.errors import SourceCorrupt
@@ -40,12 +43,12 @@ def _user_hz() -> int:
 USER_HZ = _user_hz()
 
 
-def parse_cpu_times(text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
-    """The ``cpuN`` lines of /proc/stat as seconds per mode; the aggregate ``cpu`` line is skipped.
+def _parse_cpu_ticks(text: str) -> dict[int, list[int]]:
+    """The ``cpuN`` lines of /proc/stat as ticks per mode (up to :data:`CPU_MODES`), by CPU id.
 
-    Modes a kernel does not print (older kernels stop after idle or iowait) are absent, not 0.
+    The reference parser: every check and error message lives here. A CPU listed twice keeps its last line.
     """
-    times: dict[int, dict[str, float]] = {}
+    ticks_by_cpu: dict[int, list[int]] = {}
     for line in text.splitlines():
         if not line.startswith("cpu"):
             continue
@@ -61,17 +64,135 @@ def parse_cpu_times(text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, fl
             raise SourceCorrupt(f"negative time in /proc/stat line {line[:80]!r}")
         if len(ticks) < _MIN_CPU_FIELDS:
             raise SourceCorrupt(f"short /proc/stat line {line[:80]!r}")
-        times[int(label.group(1))] = {
-            mode: tick / user_hz for mode, tick in zip(CPU_MODES, ticks, strict=False)
-        }
-    if not times:
+        ticks_by_cpu[int(label.group(1))] = ticks
+    if not ticks_by_cpu:
         raise SourceCorrupt("/proc/stat has no per-CPU lines")
-    return times
+    return ticks_by_cpu
+
+
+def parse_cpu_times(text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
+    """The ``cpuN`` lines of /proc/stat as seconds per mode; the aggregate ``cpu`` line is skipped.
+
+    Modes a kernel does not print (older kernels stop after idle or iowait) are absent, not 0.
+    """
+    return {
+        cpu: {mode: tick / user_hz for mode, tick in zip(CPU_MODES, ticks, strict=False)}
+        for cpu, ticks in _parse_cpu_ticks(text).items()
+    }
 
 
 def read_cpu_times(procfs_root: Path) -> dict[int, dict[str, float]]:
     """Seconds spent per CPU id and mode (see :data:`CPU_MODES`) since boot."""
     return parse_cpu_times(read_text(procfs_root / "stat"))
+
+
+def sum_ticks_by_node(
+    ticks_by_cpu: Mapping[int, Sequence[int]], nodes_of_cpu: Mapping[int, Iterable[int]]
+) -> dict[int, tuple[int, ...]]:
+    """Per-CPU ticks summed per node and mode; a mode printed for only some CPUs counts 0 for the others.
+
+    A CPU in no node is left out; a CPU that several nodes claim counts in each. A node none of whose CPUs
+    has a line is absent.
+    """
+    rows_by_node: dict[int, list[Sequence[int]]] = {}
+    for cpu, ticks in ticks_by_cpu.items():
+        for node in nodes_of_cpu.get(cpu, ()):
+            rows_by_node.setdefault(node, []).append(ticks)
+    return {
+        node: tuple(map(sum, zip_longest(*rows, fillvalue=0))) for node, rows in sorted(rows_by_node.items())
+    }
+
+
+def ticks_to_seconds(
+    ticks_by_node: Mapping[int, Sequence[int]], user_hz: int = USER_HZ
+) -> dict[int, dict[str, float]]:
+    """Tick sums (in :data:`CPU_MODES` order) as seconds per mode name."""
+    return {
+        node: {mode: ticks / user_hz for mode, ticks in zip(CPU_MODES, sums, strict=False)}
+        for node, sums in ticks_by_node.items()
+    }
+
+
+# Picks a node's rows out of one column of /proc/stat values.
+_RowPicker = Callable[[Sequence[int]], Iterable[int]]
+
+
+def _row_picker(rows: Sequence[int]) -> _RowPicker:
+    if len(rows) == 1:
+        only = rows[0]
+        return lambda column: (column[only],)
+    picker: _RowPicker = itemgetter(*rows)  # one C call per column instead of a Python loop
+    return picker
+
+
+class NodeCpuTimes:
+    """CPU time per NUMA node and mode from /proc/stat, for one CPU -> nodes mapping (one per topology).
+
+    Ticks are summed per node before the one conversion to seconds. The usual file (every ``cpu`` line with
+    the same number of columns, all integers) is parsed by columns: one split per line, one ``int()`` per
+    needed value, and each node's sum picked by row numbers that are kept while the file lists the same
+    CPUs in the same order. Anything else goes through the line-by-line parser, which gives the same
+    result or raises :class:`SourceCorrupt` with the offending line.
+    """
+
+    def __init__(self, nodes_of_cpu: Mapping[int, Iterable[int]]) -> None:
+        self._nodes_of_cpu = {cpu: tuple(nodes) for cpu, nodes in nodes_of_cpu.items()}
+        self._labels: tuple[str, ...] | None = None
+        self._pickers: tuple[tuple[int, _RowPicker], ...] = ()
+
+    def parse_ticks(self, text: str) -> dict[int, tuple[int, ...]]:
+        """Tick sums per node id, in :data:`CPU_MODES` order, as many modes as the kernel prints."""
+        sums = self._sum_columns(text)
+        if sums is None:
+            sums = sum_ticks_by_node(_parse_cpu_ticks(text), self._nodes_of_cpu)
+        return sums
+
+    def parse(self, text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
+        """Seconds per node id and mode (see :data:`CPU_MODES`)."""
+        return ticks_to_seconds(self.parse_ticks(text), user_hz)
+
+    def read(self, procfs_root: Path) -> dict[int, dict[str, float]]:
+        """Seconds per node id and mode from ``<procfs-root>/stat``."""
+        return self.parse(read_text(procfs_root / "stat"))
+
+    def _sum_columns(self, text: str) -> dict[int, tuple[int, ...]] | None:
+        """The column-wise sums, or ``None`` when the file is not in the usual shape."""
+        # at most label, the modes and the rest of the line (guest columns are neither split nor read)
+        rows = [line.split(None, len(CPU_MODES) + 1) for line in text.splitlines() if line.startswith("cpu")]
+        widths = set(map(len, rows))
+        if len(widths) != 1:
+            return None
+        mode_count = min(widths.pop() - 1, len(CPU_MODES))
+        if mode_count < _MIN_CPU_FIELDS:
+            return None
+        columns = list(zip(*rows, strict=True))
+        labels: tuple[str, ...] = columns[0]
+        if labels != self._labels and not self._map_rows(labels):
+            return None
+        try:
+            values = [list(map(int, column)) for column in columns[1 : 1 + mode_count]]
+        except ValueError:
+            return None
+        if min(map(min, values)) < 0:
+            return None
+        return {node: tuple(sum(pick(column)) for column in values) for node, pick in self._pickers}
+
+    def _map_rows(self, labels: tuple[str, ...]) -> bool:
+        """Row numbers of each node's CPUs for this order of lines; ``False`` when no line is a CPU's."""
+        row_of_cpu: dict[int, int] = {}
+        for row, label in enumerate(labels):
+            match = _CPU_LABEL.fullmatch(label)
+            if match is not None:
+                row_of_cpu[int(match.group(1))] = row  # a CPU listed twice keeps its last line
+        if not row_of_cpu:
+            return False
+        rows_by_node: dict[int, list[int]] = {}
+        for cpu, row in row_of_cpu.items():
+            for node in self._nodes_of_cpu.get(cpu, ()):
+                rows_by_node.setdefault(node, []).append(row)
+        self._pickers = tuple((node, _row_picker(rows)) for node, rows in sorted(rows_by_node.items()))
+        self._labels = labels
+        return True
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

@@ -23,13 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
-from otel_numa.sources.files import (
-    format_cpulist,
-    parse_cpulist,
-    parse_cpumask,
-    read_optional_text,
-    read_text,
-)
+from otel_numa.sources.files import format_cpulist, parse_cpulist, parse_cpumask
 from otel_numa.sources.procfs import MAX_AMOUNT, parse_meminfo, read_meminfo
 
 T = TypeVar("T")
@@ -105,10 +99,55 @@ def node_path(sysfs_root: Path, node_id: int) -> Path:
     return sysfs_root / NODE_DIR / f"node{node_id}"
 
 
+def nodes_by_cpu(topology: Topology) -> dict[int, tuple[int, ...]]:
+    """CPU id -> ids of the nodes whose CPUs it is among (more than one only with buggy firmware)."""
+    claims: dict[int, list[int]] = {}
+    for node in topology.nodes:
+        for cpu in node.cpus:
+            claims.setdefault(cpu, []).append(node.id)
+    return {cpu: tuple(node_ids) for cpu, node_ids in sorted(claims.items())}
+
+
 # --- small readers -------------------------------------------------------------------------------
 
+# More than any sysfs attribute holds (one page): such a file comes back in a single read.
+_READ_SIZE = 1 << 16
 
-def _numbered_entries(directory: Path, pattern: re.Pattern[str]) -> dict[int, str]:
+
+def _read_file(path: str | Path) -> str:
+    """:func:`otel_numa.sources.files.read_text` with os-level calls, for files read every round.
+
+    A read shorter than asked for ends the file: sysfs returns an attribute whole, a regular file up to
+    its end.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # read-only, never created
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise SourceMissing(f"{path}: not found") from exc
+    except OSError as exc:
+        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    try:
+        data = os.read(fd, _READ_SIZE)
+        if len(data) == _READ_SIZE:
+            chunks = [data]
+            while chunk := os.read(fd, _READ_SIZE):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:  # e.g. a directory in place of the file
+        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    return data.rstrip(b"\x00").decode("utf-8", errors="replace")
+
+
+def _read_optional_file(path: str | Path) -> str | None:
+    try:
+        return _read_file(path)
+    except SourceMissing:
+        return None
+
+
+def _numbered_entries(directory: str | Path, pattern: re.Pattern[str]) -> dict[int, str]:
     """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it."""
     try:
         with os.scandir(directory) as entries:
@@ -125,10 +164,10 @@ def _numbered_entries(directory: Path, pattern: re.Pattern[str]) -> dict[int, st
     return found
 
 
-def _read_node_file(path: Path, *, strict: bool = False) -> str | None:
+def _read_node_file(path: str | Path, *, strict: bool = False) -> str | None:
     """A per-node (or per-CPU) file; ``None`` when it vanished or (unless ``strict``) is unreadable."""
     try:
-        return read_text(path)
+        return _read_file(path)
     except SourceMissing:
         return None
     except SourceUnavailable as error:
@@ -161,7 +200,7 @@ def _per_node(
     return result
 
 
-def _parse_int(text: str, path: Path) -> int:
+def _parse_int(text: str, path: str | Path) -> int:
     """A count or flag: a non-negative decimal that fits the int64 the exporters carry."""
     stripped = text.strip()
     if not (stripped.isascii() and stripped.isdigit()) or int(stripped) > MAX_AMOUNT:
@@ -170,7 +209,7 @@ def _parse_int(text: str, path: Path) -> int:
 
 
 def _read_optional_cpulist(path: Path) -> tuple[int, ...] | None:
-    text = read_optional_text(path)
+    text = _read_optional_file(path)
     return None if text is None else tuple(sorted(parse_cpulist(text)))
 
 
@@ -189,7 +228,7 @@ def _online_cpus_from_cpu_dirs(cpu_dir: Path) -> frozenset[int]:
 
 def _read_online_cpus(sysfs_root: Path) -> frozenset[int]:
     cpu_dir = sysfs_root / CPU_DIR
-    text = read_optional_text(cpu_dir / "online")
+    text = _read_optional_file(cpu_dir / "online")
     if text is not None:
         return parse_cpulist(text)
     return _online_cpus_from_cpu_dirs(cpu_dir)
@@ -205,10 +244,10 @@ def _node_ids(sysfs_root: Path) -> tuple[int, ...]:
 
 def topology_signature(sysfs_root: Path) -> tuple[str, ...]:
     """A cheap value that changes when nodes or CPUs go on- or offline, so the topology is re-read then."""
-    node_online = read_optional_text(sysfs_root / NODE_DIR / "online")
+    node_online = _read_optional_file(sysfs_root / NODE_DIR / "online")
     if node_online is None:
         node_online = "dirs:" + format_cpulist(frozenset(_node_ids(sysfs_root)))
-    cpu_online = read_optional_text(sysfs_root / CPU_DIR / "online")
+    cpu_online = _read_optional_file(sysfs_root / CPU_DIR / "online")
     if cpu_online is None:
         cpu_online = "dirs:" + format_cpulist(_online_cpus_from_cpu_dirs(sysfs_root / CPU_DIR))
     return (f"nodes={node_online.strip()}", f"cpus={cpu_online.strip()}")
@@ -313,12 +352,7 @@ def read_topology(sysfs_root: Path, procfs_root: Path) -> Topology:
     return Topology(nodes=ordered, online_cpus=online_cpus, numa_enabled=True, overlapping_cpus=overlap)
 
 
-# --- memory --------------------------------------------------------------------------------------
-
-
-def _require_node_dir(sysfs_root: Path) -> None:
-    if not (sysfs_root / NODE_DIR).is_dir():
-        raise SourceMissing(f"{sysfs_root / NODE_DIR}: not found")
+# --- memory ------------------------------------------------------------------------------------
 
 
 def _node_memory(fields: Mapping[str, int]) -> NodeMemory | None:
@@ -337,53 +371,60 @@ def _node_memory(fields: Mapping[str, int]) -> NodeMemory | None:
     return NodeMemory(total_bytes=total, free_bytes=free, used_bytes=used)
 
 
-def read_node_memory(
-    sysfs_root: Path, procfs_root: Path, topology: Topology, *, on_node_error: NodeErrorHandler | None = None
-) -> dict[int, NodeMemory]:
-    """Memory per node from ``nodeN/meminfo`` (or ``<procfs>/meminfo`` without NUMA), in bytes.
-
-    A node whose meminfo vanished, or lacks MemTotal, is absent from the result.
-    """
-    if not topology.numa_enabled:
-        memory = _node_memory(read_meminfo(procfs_root))
-        return {} if memory is None else {topology.nodes[0].id: memory}
-
-    _require_node_dir(sysfs_root)
-
-    def read_one(node_id: int, strict: bool) -> NodeMemory | None:
-        text = _read_node_file(node_path(sysfs_root, node_id) / "meminfo", strict=strict)
-        return None if text is None else _node_memory(parse_meminfo(text))
-
-    return _per_node(topology.node_ids, read_one, on_node_error)
-
-
 # --- hugepages -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolFiles:
+    """The counter files of one ``hugepages-<kB>kB`` directory."""
+
+    size_kib: int
+    total_path: str
+    free_path: str
+
+
+def _list_pools(directory: str | Path) -> tuple[_PoolFiles, ...]:
+    """The pools under ``directory``, smallest page size first (``SourceMissing`` when it is absent)."""
+    sizes = _numbered_entries(directory, _HUGEPAGES_NAME)
+    return tuple(
+        _PoolFiles(size_kib, f"{directory}/{name}/nr_hugepages", f"{directory}/{name}/free_hugepages")
+        for size_kib, name in sorted(sizes.items())
+    )
+
+
+def _read_pool_files(
+    listed: tuple[_PoolFiles, ...], *, strict: bool
+) -> tuple[tuple[HugepagePool, ...], bool]:
+    """The pools whose two counters could be read, and whether some pool's counter was gone."""
+    pools: list[HugepagePool] = []
+    complete = True
+    for files in listed:
+        total_text = _read_node_file(files.total_path, strict=strict)
+        free_text = _read_node_file(files.free_path, strict=strict)
+        if total_text is None or free_text is None:
+            complete = False
+            continue
+        pools.append(
+            HugepagePool(
+                size_kib=files.size_kib,
+                total_pages=_parse_int(total_text, files.total_path),
+                free_pages=_parse_int(free_text, files.free_path),
+            )
+        )
+    return tuple(pools), complete
 
 
 def _read_pools(directory: Path, *, strict: bool = False) -> tuple[HugepagePool, ...] | None:
     """The ``hugepages-<kB>kB`` pools under ``directory`` by size; ``None`` when the directory is absent."""
     try:
-        sizes = _numbered_entries(directory, _HUGEPAGES_NAME)
+        listed = _list_pools(directory)
     except SourceMissing:
         return None
     except SourceUnavailable:
         if strict:
             raise
         return None
-    pools: list[HugepagePool] = []
-    for size_kib, name in sorted(sizes.items()):
-        total_text = _read_node_file(directory / name / "nr_hugepages", strict=strict)
-        free_text = _read_node_file(directory / name / "free_hugepages", strict=strict)
-        if total_text is None or free_text is None:
-            continue
-        pools.append(
-            HugepagePool(
-                size_kib=size_kib,
-                total_pages=_parse_int(total_text, directory / name / "nr_hugepages"),
-                free_pages=_parse_int(free_text, directory / name / "free_hugepages"),
-            )
-        )
-    return tuple(pools)
+    return _read_pool_files(listed, strict=strict)[0]
 
 
 def _pools_from_meminfo(procfs_root: Path) -> tuple[HugepagePool, ...] | None:
@@ -396,6 +437,123 @@ def _pools_from_meminfo(procfs_root: Path) -> tuple[HugepagePool, ...] | None:
     if total is None or free is None or size_bytes is None:
         return None
     return (HugepagePool(size_kib=size_bytes // 1024, total_pages=total, free_pages=free),)
+
+
+# --- numastat ------------------------------------------------------------------------------------
+
+
+def parse_numastat(text: str, path: str | Path) -> dict[str, int]:
+    """``numa_hit 123`` lines as ``{"hit": 123, ...}`` (see the names in ``_NUMASTAT_NAMES``)."""
+    counters: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 2:
+            raise SourceCorrupt(f"{path}: bad numastat line {line[:80]!r}")
+        key, value = parts
+        name = _NUMASTAT_NAMES.get(key, key.removeprefix("numa_"))
+        counters[name] = _parse_int(value, path)
+    return counters
+
+
+# --- per-node reads, every round -----------------------------------------------------------------
+
+
+class NodeFiles:
+    """Memory, hugepages and numastat per node of one topology, read with paths joined once.
+
+    Build one per topology and call its readers every round. A node's hugepage pool directories are listed
+    the first time its pools are read and listed again only when a counter file is gone (so a page size
+    that appears later shows up with the next topology or after such an error); a node without a
+    ``hugepages`` directory is looked at again every round.
+    """
+
+    def __init__(self, sysfs_root: Path, topology: Topology, procfs_root: Path | None = None) -> None:
+        self._sysfs_root = sysfs_root
+        self._procfs_root = procfs_root
+        self._topology = topology
+        node_dir = sysfs_root / NODE_DIR
+        self._node_dir = str(node_dir)
+        self._meminfo_paths = {node_id: f"{node_dir}/node{node_id}/meminfo" for node_id in topology.node_ids}
+        self._numastat_paths = {
+            node_id: f"{node_dir}/node{node_id}/numastat" for node_id in topology.node_ids
+        }
+        self._hugepage_dirs = {
+            node_id: f"{node_dir}/node{node_id}/hugepages" for node_id in topology.node_ids
+        }
+        self._listed_pools: dict[int, tuple[_PoolFiles, ...]] = {}
+
+    def _require_node_dir(self) -> None:
+        if not os.path.isdir(self._node_dir):
+            raise SourceMissing(f"{self._node_dir}: not found")
+
+    def memory(self, *, on_node_error: NodeErrorHandler | None = None) -> dict[int, NodeMemory]:
+        """See :func:`read_node_memory`; without NUMA and without a procfs root nothing is known."""
+        if not self._topology.numa_enabled:
+            if self._procfs_root is None:
+                return {}
+            memory = _node_memory(read_meminfo(self._procfs_root))
+            return {} if memory is None else {self._topology.nodes[0].id: memory}
+        self._require_node_dir()
+        return _per_node(self._topology.node_ids, self._node_memory, on_node_error)
+
+    def _node_memory(self, node_id: int, strict: bool) -> NodeMemory | None:
+        text = _read_node_file(self._meminfo_paths[node_id], strict=strict)
+        return None if text is None else _node_memory(parse_meminfo(text))
+
+    def hugepages(
+        self, *, on_node_error: NodeErrorHandler | None = None
+    ) -> dict[int, tuple[HugepagePool, ...]]:
+        """See :func:`read_hugepages`."""
+        if not self._topology.numa_enabled:
+            pools = _read_pools(self._sysfs_root / GLOBAL_HUGEPAGES_DIR)
+            if pools is None and self._procfs_root is not None:
+                pools = _pools_from_meminfo(self._procfs_root)
+            return {} if pools is None else {self._topology.nodes[0].id: pools}
+        self._require_node_dir()
+        return _per_node(self._topology.node_ids, self._node_pools, on_node_error)
+
+    def _node_pools(self, node_id: int, strict: bool) -> tuple[HugepagePool, ...] | None:
+        listed = self._listed_pools.get(node_id)
+        if listed is not None:
+            pools, complete = _read_pool_files(listed, strict=strict)
+            if complete:
+                return pools
+        # never listed, or a pool went away since: list the directory now
+        self._listed_pools.pop(node_id, None)
+        try:
+            listed = _list_pools(self._hugepage_dirs[node_id])
+        except SourceMissing:
+            return None  # a node without memory has no pools
+        except SourceUnavailable:
+            if strict:
+                raise
+            return None
+        self._listed_pools[node_id] = listed
+        return _read_pool_files(listed, strict=strict)[0]
+
+    def numastat(self, *, on_node_error: NodeErrorHandler | None = None) -> dict[int, dict[str, int]]:
+        """See :func:`read_numastat`."""
+        if not self._topology.numa_enabled:
+            return {}
+        self._require_node_dir()
+        return _per_node(self._topology.node_ids, self._node_numastat, on_node_error)
+
+    def _node_numastat(self, node_id: int, strict: bool) -> dict[str, int] | None:
+        path = self._numastat_paths[node_id]
+        text = _read_node_file(path, strict=strict)
+        return None if text is None else parse_numastat(text, path)
+
+
+def read_node_memory(
+    sysfs_root: Path, procfs_root: Path, topology: Topology, *, on_node_error: NodeErrorHandler | None = None
+) -> dict[int, NodeMemory]:
+    """Memory per node from ``nodeN/meminfo`` (or ``<procfs>/meminfo`` without NUMA), in bytes.
+
+    A node whose meminfo vanished, or lacks MemTotal, is absent from the result.
+    """
+    return NodeFiles(sysfs_root, topology, procfs_root).memory(on_node_error=on_node_error)
 
 
 def read_hugepages(
@@ -411,49 +569,11 @@ def read_hugepages(
     NUMA, node 0 gets the machine's pools from ``kernel/mm/hugepages``, else (very old kernels) from
     ``<procfs_root>/meminfo`` when ``procfs_root`` is given.
     """
-    if not topology.numa_enabled:
-        pools = _read_pools(sysfs_root / GLOBAL_HUGEPAGES_DIR)
-        if pools is None and procfs_root is not None:
-            pools = _pools_from_meminfo(procfs_root)
-        return {} if pools is None else {topology.nodes[0].id: pools}
-
-    _require_node_dir(sysfs_root)
-
-    def read_one(node_id: int, strict: bool) -> tuple[HugepagePool, ...] | None:
-        return _read_pools(node_path(sysfs_root, node_id) / "hugepages", strict=strict)
-
-    return _per_node(topology.node_ids, read_one, on_node_error)
-
-
-# --- numastat ------------------------------------------------------------------------------------
-
-
-def parse_numastat(text: str, path: Path) -> dict[str, int]:
-    """``numa_hit 123`` lines as ``{"hit": 123, ...}`` (see the names in ``_NUMASTAT_NAMES``)."""
-    counters: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if not parts:
-            continue
-        if len(parts) != 2:
-            raise SourceCorrupt(f"{path}: bad numastat line {line[:80]!r}")
-        key, value = parts
-        name = _NUMASTAT_NAMES.get(key, key.removeprefix("numa_"))
-        counters[name] = _parse_int(value, path)
-    return counters
+    return NodeFiles(sysfs_root, topology, procfs_root).hugepages(on_node_error=on_node_error)
 
 
 def read_numastat(
     sysfs_root: Path, topology: Topology, *, on_node_error: NodeErrorHandler | None = None
 ) -> dict[int, dict[str, int]]:
     """Page allocation counters per node; a node without ``numastat`` (or no NUMA at all) is absent."""
-    if not topology.numa_enabled:
-        return {}
-    _require_node_dir(sysfs_root)
-
-    def read_one(node_id: int, strict: bool) -> dict[str, int] | None:
-        path = node_path(sysfs_root, node_id) / "numastat"
-        text = _read_node_file(path, strict=strict)
-        return None if text is None else parse_numastat(text, path)
-
-    return _per_node(topology.node_ids, read_one, on_node_error)
+    return NodeFiles(sysfs_root, topology).numastat(on_node_error=on_node_error)
