@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     push_min_interval: float = Field(default=0.2, ge=0, le=60)
     compat: Literal["numainfo"] | None = None
     disable: Annotated[frozenset[MetricGroup], NoDecode] = frozenset()
-    # Upper bound of attribute sets per instrument: 1,000 containers x 16 NUMA nodes x 4 memory types and room.
+    # Upper bound of attribute sets per instrument: 1,000 containers x 16 NUMA nodes x 4 memory types + room.
     cardinality_limit: int = Field(default=100_000, ge=100)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Opt-in enrichment from the container runtime (CRI): "none" (off), "auto" (containerd or CRI-O) or a path
