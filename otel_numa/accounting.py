@@ -73,21 +73,6 @@ def hugepage_size_label(size_kib: int) -> str:
     return f"{size_kib}Ki"
 
 
-def cpu_time_by_node(
-    per_cpu: Mapping[int, Mapping[str, float]], topology: Topology
-) -> dict[int, dict[str, float]]:
-    """Sum per-CPU times over each node's CPUs; a node without CPUs has no CPU time at all."""
-    result: dict[int, dict[str, float]] = {}
-    for node in topology.nodes:
-        totals: dict[str, float] = {}
-        for cpu in sorted(node.cpus):
-            for mode, seconds in per_cpu.get(cpu, {}).items():
-                totals[mode] = totals.get(mode, 0.0) + seconds
-        if totals:
-            result[node.id] = totals
-    return result
-
-
 def cpus_per_node(cpus: frozenset[int], topology: Topology) -> dict[int, int]:
     """How many of ``cpus`` each node holds (every node listed, 0 included)."""
     return {node.id: len(cpus & node.cpus) for node in topology.nodes}

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from otel_numa.sources import procfs
+from otel_numa.sources import procfs, sysfs
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
 from tests.support.hwloc import extract_snapshot, snapshot_files, snapshot_names
 from tests.support.sysfs_tree import NodeSpec, format_proc_stat, write_file, write_machine
@@ -167,3 +169,194 @@ def test_live_proc() -> None:
     meminfo = procfs.read_meminfo(live)
     assert 0 < meminfo["MemFree"] <= meminfo["MemTotal"]
     assert meminfo["MemTotal"] == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+# --- CPU time per NUMA node (NodeCpuTimes) ---------------------------------------------------------
+
+# cpu -> nodes: 0-1 on node 0, 2-3 on node 1, 4 claimed by both (buggy firmware), 5 in no node, 6 on node 2
+NODES_OF_CPU = {0: (0,), 1: (0,), 2: (1,), 3: (1,), 4: (0, 1), 6: (2,)}
+
+
+def node_ticks(
+    text: str, nodes_of_cpu: dict[int, tuple[int, ...]] = NODES_OF_CPU
+) -> dict[int, tuple[int, ...]]:
+    return procfs.NodeCpuTimes(nodes_of_cpu).parse_ticks(text)
+
+
+def test_node_ticks_are_summed_per_node_before_the_conversion() -> None:
+    # columns: user nice system idle iowait irq softirq steal guest guest_nice (guest is in user already)
+    text = format_proc_stat(
+        {
+            0: (100, 1, 10, 1000, 5, 0, 2, 0, 50, 0),
+            1: (200, 2, 20, 2000, 6, 1, 3, 4, 60, 0),
+            2: (300, 3, 30, 3000, 7, 0, 4, 0, 0, 0),
+            3: (400, 4, 40, 4000, 8, 0, 5, 0, 0, 0),
+            4: (7, 7, 7, 7, 7, 7, 7, 7, 7, 7),
+            5: (900, 9, 90, 9000, 9, 9, 9, 9, 9, 9),
+        }
+    )
+    assert node_ticks(text) == {
+        0: (307, 10, 37, 3007, 18, 8, 12, 11),
+        1: (707, 14, 77, 7007, 22, 7, 16, 7),
+    }  # CPU 4 in both, CPU 5 in neither, node 2 has no line at all
+    seconds = procfs.NodeCpuTimes(NODES_OF_CPU).parse(text, user_hz=100)
+    assert seconds[0] == {
+        "user": 3.07,
+        "nice": 0.10,
+        "system": 0.37,
+        "idle": 30.07,
+        "iowait": 0.18,
+        "irq": 0.08,
+        "softirq": 0.12,
+        "steal": 0.11,
+    }
+    assert set(seconds) == {0, 1}
+
+
+def test_node_ticks_of_old_kernels_have_fewer_modes() -> None:
+    seven = format_proc_stat(
+        {0: (1, 2, 3, 4, 5, 6, 7), 1: (10, 20, 30, 40, 50, 60, 70), 2: (5, 5, 5, 5, 5, 5, 5)}
+    )
+    assert node_ticks(seven) == {0: (11, 22, 33, 44, 55, 66, 77), 1: (5, 5, 5, 5, 5, 5, 5)}
+    assert set(procfs.NodeCpuTimes(NODES_OF_CPU).parse(seven)[0]) == set(procfs.CPU_MODES[:7])
+    # a node whose CPUs print different numbers of columns: a column only some print counts 0 for the others
+    mixed = format_proc_stat({0: (1, 2, 3, 4, 5, 6, 7), 1: (10, 20, 30, 40)})
+    assert node_ticks(mixed) == {0: (11, 22, 33, 44, 5, 6, 7)}
+
+
+def test_node_ticks_of_unusual_spelling_are_the_same() -> None:
+    canonical = "cpu  3 3 3 3\ncpu0 1 1 1 1\ncpu2 2 2 2 2\nintr 1\n"
+    expected = {0: (1, 1, 1, 1), 1: (2, 2, 2, 2)}
+    assert node_ticks(canonical) == expected
+    for text in (
+        canonical.replace("cpu0 ", "cpu0\t"),  # any whitespace separates columns
+        canonical.replace("\n", "\r\n"),
+        "intr 1\n" + canonical,  # the cpu lines not first
+        canonical + "cpu7 9 9 9 9\n",  # a CPU line after the others (CPU 7 is in no node)
+        canonical.replace("cpu2 2", "cpu2 +2").replace("cpu0 1", "cpu0 0_1"),  # what int() reads
+        canonical + "cpufreq 1 x\n",  # not a CPU line: skipped, not judged
+    ):
+        assert node_ticks(text) == expected, text
+
+
+def test_node_ticks_of_a_cpu_listed_twice_keep_the_last_line() -> None:
+    text = "cpu0 1 1 1 1\ncpu2 2 2 2 2\ncpu0 5 5 5 5\n"
+    assert node_ticks(text) == {0: (5, 5, 5, 5), 1: (2, 2, 2, 2)}
+
+
+def test_node_ticks_follow_cpus_coming_and_going() -> None:
+    reader = procfs.NodeCpuTimes(NODES_OF_CPU)
+    every = {cpu: (cpu + 1,) * 8 for cpu in range(7)}
+    assert reader.parse_ticks(format_proc_stat(every)) == {0: (8,) * 8, 1: (12,) * 8, 2: (7,) * 8}
+    without_1 = {cpu: ticks for cpu, ticks in every.items() if cpu != 1}
+    assert reader.parse_ticks(format_proc_stat(without_1)) == {0: (6,) * 8, 1: (12,) * 8, 2: (7,) * 8}
+    reordered = "".join(f"cpu{cpu} {cpu + 1} 1 1 1\n" for cpu in (6, 3, 2, 0))
+    assert reader.parse_ticks(reordered) == {0: (1, 1, 1, 1), 1: (7, 2, 2, 2), 2: (7, 1, 1, 1)}
+    assert reader.parse_ticks(format_proc_stat(every)) == {0: (8,) * 8, 1: (12,) * 8, 2: (7,) * 8}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cpu  1 2 3 4\ncpu0 1 2 x 4\n",
+        "cpu  1 2 3\ncpu0 1 2 3\n",
+        "cpu  1 2 3 4\nintr 5\n",  # no per-CPU line at all
+        "",
+        "cpu0 1 2 3 4\ncpu2 1 -2 3 4\n",
+        "cpu0 1 2 3 4\ncpu5 1 2 3 4.5\n",  # a CPU in no node is still judged
+        "cpu0 1 2 3 4\ncpu2 1 2 3\n",
+    ],
+)
+def test_corrupt_stat_per_node(text: str) -> None:
+    with pytest.raises(SourceCorrupt):
+        node_ticks(text)
+
+
+@pytest.mark.parametrize("name", sorted(STAT_SNAPSHOTS))
+def test_snapshot_cpu_time_per_node(tmp_path: Path, name: str) -> None:
+    root = extract_snapshot(name, tmp_path)
+    topology = sysfs.read_topology(root / "sys", root / "proc")
+    stat = (root / "proc" / "stat").read_text()
+    expected: dict[int, list[int]] = {}
+    for line in stat.splitlines():  # the sums by hand: each node's CPUs' columns added up
+        label, *columns = line.split()
+        if label.startswith("cpu") and label != "cpu":
+            for node in topology.nodes:
+                if int(label[3:]) in node.cpus:
+                    sums = expected.setdefault(node.id, [0] * 8)
+                    for index, value in enumerate(columns[:8]):
+                        sums[index] += int(value)
+    reader = procfs.NodeCpuTimes(sysfs.nodes_by_cpu(topology))
+    got = reader.read(root / "proc")
+    assert set(got) == set(expected)
+    for node_id, sums in expected.items():
+        assert got[node_id] == pytest.approx(
+            dict(zip(procfs.CPU_MODES, (tick / HZ for tick in sums), strict=True))
+        )
+
+
+NODES = st.dictionaries(
+    st.integers(0, 40),
+    st.lists(st.integers(0, 5), min_size=1, max_size=2, unique=True).map(tuple),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nodes_of_cpu=NODES,
+    ticks=st.dictionaries(
+        st.integers(0, 40),
+        st.lists(st.integers(0, 2**64), min_size=4, max_size=10).map(tuple),
+        min_size=1,
+        max_size=30,
+    ),
+    same_width=st.booleans(),
+)
+def test_node_ticks_equal_sums_by_hand(
+    nodes_of_cpu: dict[int, tuple[int, ...]], ticks: dict[int, tuple[int, ...]], same_width: bool
+) -> None:
+    if same_width:  # the kernel's usual file: the column-wise path
+        width = min(map(len, ticks.values()))
+        ticks = {cpu: values[:width] for cpu, values in ticks.items()}
+    expected: dict[int, list[int]] = {}
+    for cpu, values in ticks.items():
+        for node in nodes_of_cpu.get(cpu, ()):
+            sums = expected.setdefault(node, [])
+            for index, value in enumerate(values[:8]):
+                if index == len(sums):
+                    sums.append(0)
+                sums[index] += value
+    assert node_ticks(format_proc_stat(ticks), nodes_of_cpu) == {
+        node: tuple(sums) for node, sums in expected.items()
+    }
+
+
+# --- meminfo: the fast path and the line-by-line parser agree ---------------------------------------
+
+
+MEMINFO_LINES = st.tuples(
+    st.sampled_from(["", " ", "Node 1 ", "Node  12  ", "Node x ", "node 1 "]),
+    st.sampled_from(["MemTotal", "Active(anon)", "Mem Free", "Hugepagesize", "", ":", "Node"]),
+    st.sampled_from([":", ": ", ":  \t", " :", "", "::"]),
+    st.sampled_from(["0", "12", "007", str((1 << 63) - 1), str(1 << 63), str(1 << 53), "x", "-1", "1.5", ""]),
+    st.sampled_from(["", " kB", "  kB  ", " MB", " kB kB", "kB", "\t kB", " "]),
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(MEMINFO_LINES | st.text(max_size=12), max_size=6),
+    end=st.sampled_from(["", "\n", "\n\n", "\r\n"]),
+)
+def test_meminfo_fast_path_agrees_with_the_line_parser(lines: list[str], end: str) -> None:
+    text = end.join(lines) + end
+    try:
+        expected: dict[str, int] | str = procfs._parse_meminfo_lines(text)
+    except SourceCorrupt:
+        expected = "corrupt"
+    try:
+        got: dict[str, int] | str = procfs.parse_meminfo(text)
+    except SourceCorrupt:
+        got = "corrupt"
+    assert got == expected

@@ -189,6 +189,19 @@ def test_hugepages_per_size_match_hwloc(snapshot: Snapshot) -> None:
     assert actual == snapshot.expected().hugepages
 
 
+def test_node_files_kept_across_rounds_match_hwloc(snapshot: Snapshot) -> None:
+    """The collector keeps one NodeFiles per topology: every round reads what hwloc sees."""
+    files = sysfs.NodeFiles(snapshot.sysfs, snapshot.topology(), snapshot.procfs)
+    for _ in range(2):  # the second round reads the pools listed in the first
+        memory = files.memory()
+        assert {node: value.total_bytes for node, value in memory.items()} == snapshot.expected().memory_total
+        pools = {
+            node: {pool.size_kib: pool.total_pages for pool in node_pools}
+            for node, node_pools in files.hugepages().items()
+        }
+        assert pools == snapshot.expected().hugepages
+
+
 def test_distances_match_hwloc(snapshot: Snapshot) -> None:
     topology = snapshot.topology()
     assert {node.id: dict(node.distances) for node in topology.nodes} == snapshot.expected().distances
@@ -295,6 +308,15 @@ def test_buggy_firmware_overlap_is_reported_and_warned_once(
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "0-7" in warnings[0].getMessage()
+
+
+def test_buggy_firmware_cpus_count_in_every_node_that_claims_them(
+    snapshots: Callable[[str], Snapshot], fresh_overlap_warnings: None
+) -> None:
+    topology = snapshots("8em64t-2s2ca2c-buggynuma").topology()
+    claims = sysfs.nodes_by_cpu(topology)
+    assert set(claims) == set(range(8))
+    assert all(claims[cpu] == topology.node_ids for cpu in range(8))
 
 
 def test_memory_only_and_cpu_only_nodes(snapshots: Callable[[str], Snapshot]) -> None:

@@ -556,3 +556,98 @@ def test_uniform_machine_scales(tmp_path: Path) -> None:
     assert topology.node(15).cpus == frozenset(range(3840, 4096))
     assert topology.node(3).distances[3] == 10 and topology.node(3).distances[4] == 20
     assert len(sysfs.read_hugepages(sysfs_root, topology)) == 16
+
+
+# --- NodeFiles: one per topology, read every round -------------------------------------------------
+
+
+def pool_dir(sysfs_root: Path, node: int, size_kib: int) -> Path:
+    return node_file(sysfs_root, node, f"hugepages/hugepages-{size_kib}kB")
+
+
+def test_node_files_follow_the_values_round_after_round(machine: tuple[Path, Path]) -> None:
+    sysfs_root, procfs_root = machine
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    assert files.hugepages()[0] == (HugepagePool(size_kib=2048, total_pages=512, free_pages=500),)
+    assert files.numastat()[1]["hit"] == 300
+    write_file(pool_dir(sysfs_root, 0, 2048) / "free_hugepages", "17\n")
+    write_file(node_file(sysfs_root, 1, "numastat"), "numa_hit 301\nnuma_miss 0\n")
+    write_file(node_file(sysfs_root, 1, "meminfo"), "Node 1 MemTotal: 4000000 kB\nNode 1 MemFree: 3000 kB\n")
+    assert files.hugepages()[0] == (HugepagePool(size_kib=2048, total_pages=512, free_pages=17),)
+    assert files.numastat()[1] == {"hit": 301, "miss": 0}
+    assert files.memory()[1] == NodeMemory(
+        total_bytes=4_000_000 * KIB, free_bytes=3000 * KIB, used_bytes=(4_000_000 - 3000) * KIB
+    )
+
+
+def test_node_files_list_the_pools_again_when_one_vanishes(machine: tuple[Path, Path]) -> None:
+    sysfs_root, procfs_root = machine
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    assert files.hugepages()[0] == (HugepagePool(2048, 512, 500),)
+    # a new page size is not looked for every round ...
+    write_file(pool_dir(sysfs_root, 0, 1048576) / "nr_hugepages", "4\n")
+    write_file(pool_dir(sysfs_root, 0, 1048576) / "free_hugepages", "3\n")
+    assert files.hugepages()[0] == (HugepagePool(2048, 512, 500),)
+    # ... but a fresh NodeFiles (a new topology) sees it, and so does this one once a listed pool is gone
+    fresh = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    assert fresh.hugepages()[0] == (HugepagePool(2048, 512, 500), HugepagePool(1048576, 4, 3))
+    shutil.rmtree(pool_dir(sysfs_root, 0, 2048))
+    assert files.hugepages() == {0: (HugepagePool(1048576, 4, 3),), 1: (HugepagePool(2048, 256, 0),)}
+    shutil.rmtree(node_file(sysfs_root, 0, "hugepages"))
+    assert files.hugepages() == {1: (HugepagePool(2048, 256, 0),)}
+
+
+def test_node_files_see_hugepages_of_memory_added_later(tmp_path: Path) -> None:
+    nodes = [NodeSpec(0, cpus=[0], mem_total_kib=4 << 20, hugepages={2048: (4, 4)}), NodeSpec(1, cpus=[1])]
+    sysfs_root, procfs_root = write_machine(tmp_path, nodes)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    assert set(files.hugepages()) == {0}  # node 1 has no memory, so no hugepages directory
+    write_file(pool_dir(sysfs_root, 1, 2048) / "nr_hugepages", "2\n")  # memory hot-added
+    write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "1\n")
+    assert files.hugepages()[1] == (HugepagePool(2048, 2, 1),)
+
+
+def test_node_files_report_bad_nodes_and_keep_the_others(
+    machine: tuple[Path, Path], fail_open: Callable[[Path, int], None]
+) -> None:
+    sysfs_root, procfs_root = machine
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files.hugepages()  # the pools are listed now; what follows hits the cached paths
+    fail_open(pool_dir(sysfs_root, 0, 2048) / "nr_hugepages", errno.EACCES)
+    write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "lots\n")
+    errors: list[tuple[int, str]] = []
+
+    def on_node_error(node_id: int, error: SourceError) -> None:
+        errors.append((node_id, error.error_type))
+
+    assert files.hugepages(on_node_error=on_node_error) == {}
+    assert errors == [(0, SourceUnavailable.error_type), (1, SourceCorrupt.error_type)]
+    errors.clear()
+    # without a handler: an unreadable file is skipped, a corrupt one fails the read
+    with pytest.raises(SourceCorrupt):
+        files.hugepages()
+    write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "3\n")
+    assert files.hugepages() == {0: (), 1: (HugepagePool(2048, 256, 3),)}
+    fail_open(node_file(sysfs_root, 1, "meminfo"), errno.EIO)
+    fail_open(node_file(sysfs_root, 0, "numastat"), errno.EACCES)
+    assert set(files.memory(on_node_error=on_node_error)) == {0}
+    assert set(files.numastat(on_node_error=on_node_error)) == {1}
+    assert errors == [(1, SourceUnavailable.error_type), (0, SourceUnavailable.error_type)]
+
+
+def test_node_files_of_a_vanished_node_directory(machine: tuple[Path, Path]) -> None:
+    sysfs_root, procfs_root = machine
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files.hugepages()
+    shutil.rmtree(sysfs_root / NODE_DIR)
+    for read in (files.memory, files.hugepages, files.numastat):
+        with pytest.raises(SourceMissing):
+            read()
+
+
+def test_nodes_by_cpu(tmp_path: Path, fresh_overlap_warnings: None) -> None:
+    nodes = [NodeSpec(0, cpus=[0, 1, 2]), NodeSpec(1, cpus=[2, 3]), NodeSpec(2, mem_total_kib=1000)]
+    sysfs_root, procfs_root = write_machine(tmp_path, nodes, online_cpus=[0, 1, 2])
+    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    # CPU 2 claimed by both nodes (buggy firmware), CPU 3 offline, node 2 without CPUs
+    assert sysfs.nodes_by_cpu(topology) == {0: (0,), 1: (0,), 2: (0, 1)}

@@ -23,9 +23,20 @@ CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq",
 _MIN_CPU_FIELDS = 4
 
 _CPU_LABEL = re.compile(r"cpu(\d+)")
+# For the column-wise parse of an ASCII /proc/stat (where \d is the same as in _CPU_LABEL)
+_CPU_LABEL_BYTES = re.compile(rb"cpu(\d+)")
+_OTHER_THAN_CPU_LINE = re.compile(rb"\n(?!cpu)")
+# Every byte of the cpu lines as the kernel prints them: with nothing else, bytes and str split alike
+# and no value can be negative.
+_CPU_BLOCK_CHARS = b"0123456789 \ncpu"
 # "MemTotal:  123 kB", "Node 0 MemTotal:  123 kB", "HugePages_Total:   0"
 _MEMINFO_LINE = re.compile(
     r"(?:Node\s+\d+\s+)?(?P<name>[^:\s][^:]*?):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?\s*", re.ASCII
+)
+# The same, for a line of printable ASCII (so spaces are its only whitespace) in a multi-line scan: no part
+# of it matches a newline, so each match is one whole line.
+_PLAIN_MEMINFO_LINE = re.compile(
+    r"^(?:Node +\d+ +)?([^: \n][^:\n]*?): *(\d+)(?: +(\S+))? *$", re.ASCII | re.MULTILINE
 )
 # No machine has 2**63 bytes of anything; a larger value is corrupt (and would not fit an exported int64).
 MAX_AMOUNT = (1 << 63) - 1
@@ -118,31 +129,34 @@ _RowPicker = Callable[[Sequence[int]], Iterable[int]]
 
 
 def _row_picker(rows: Sequence[int]) -> _RowPicker:
-    if len(rows) == 1:
-        only = rows[0]
-        return lambda column: (column[only],)
-    picker: _RowPicker = itemgetter(*rows)  # one C call per column instead of a Python loop
+    """One C-level pick per column: a slice for consecutive rows (the usual node), else an itemgetter."""
+    first, last = rows[0], rows[-1]
+    if list(rows) == list(range(first, last + 1)):
+        span = slice(first, last + 1)
+        return lambda column: column[span]
+    picker: _RowPicker = itemgetter(*rows)  # two or more rows here, so it returns a tuple
     return picker
 
 
 class NodeCpuTimes:
     """CPU time per NUMA node and mode from /proc/stat, for one CPU -> nodes mapping (one per topology).
 
-    Ticks are summed per node before the one conversion to seconds. The usual file (every ``cpu`` line with
-    the same number of columns, all integers) is parsed by columns: one split per line, one ``int()`` per
-    needed value, and each node's sum picked by row numbers that are kept while the file lists the same
-    CPUs in the same order. Anything else goes through the line-by-line parser, which gives the same
-    result or raises :class:`SourceCorrupt` with the offending line.
+    Ticks are summed per node before the one conversion to seconds. The usual file (the ``cpu`` lines
+    first, each with the same number of columns, nothing in them but labels and decimal digits) is parsed
+    by columns: one split per line, one ``int()`` per needed value, and each node's sum picked by row
+    numbers that are kept while the file lists the same CPUs in the same order. Anything else goes through
+    the line-by-line parser, which gives the same result or raises :class:`SourceCorrupt`.
     """
 
     def __init__(self, nodes_of_cpu: Mapping[int, Iterable[int]]) -> None:
         self._nodes_of_cpu = {cpu: tuple(nodes) for cpu, nodes in nodes_of_cpu.items()}
-        self._labels: tuple[str, ...] | None = None
+        self._labels: tuple[bytes, ...] | None = None
         self._pickers: tuple[tuple[int, _RowPicker], ...] = ()
 
     def parse_ticks(self, text: str) -> dict[int, tuple[int, ...]]:
         """Tick sums per node id, in :data:`CPU_MODES` order, as many modes as the kernel prints."""
-        sums = self._sum_columns(text)
+        # bytes split and int() faster than str; only ASCII reads the same either way
+        sums = self._sum_columns(text.encode("ascii")) if text.isascii() else None
         if sums is None:
             sums = sum_ticks_by_node(_parse_cpu_ticks(text), self._nodes_of_cpu)
         return sums
@@ -155,10 +169,18 @@ class NodeCpuTimes:
         """Seconds per node id and mode from ``<procfs-root>/stat``."""
         return self.parse(read_text(procfs_root / "stat"))
 
-    def _sum_columns(self, text: str) -> dict[int, tuple[int, ...]] | None:
+    def _sum_columns(self, text: bytes) -> dict[int, tuple[int, ...]] | None:
         """The column-wise sums, or ``None`` when the file is not in the usual shape."""
+        # The kernel prints the cpu lines first; "cpu" anywhere after them is not the usual shape.
+        other_line = _OTHER_THAN_CPU_LINE.search(text)
+        end = len(text) if other_line is None else other_line.start()
+        if not text.startswith(b"cpu") or text.find(b"cpu", end) != -1:
+            return None
+        block = text[:end]
+        if block.translate(None, _CPU_BLOCK_CHARS):  # only labels, digits, spaces and newlines
+            return None
         # at most label, the modes and the rest of the line (guest columns are neither split nor read)
-        rows = [line.split(None, len(CPU_MODES) + 1) for line in text.splitlines() if line.startswith("cpu")]
+        rows = [line.split(None, len(CPU_MODES) + 1) for line in block.split(b"\n")]
         widths = set(map(len, rows))
         if len(widths) != 1:
             return None
@@ -166,22 +188,20 @@ class NodeCpuTimes:
         if mode_count < _MIN_CPU_FIELDS:
             return None
         columns = list(zip(*rows, strict=True))
-        labels: tuple[str, ...] = columns[0]
+        labels: tuple[bytes, ...] = columns[0]
         if labels != self._labels and not self._map_rows(labels):
             return None
         try:
             values = [list(map(int, column)) for column in columns[1 : 1 + mode_count]]
         except ValueError:
             return None
-        if min(map(min, values)) < 0:
-            return None
         return {node: tuple(sum(pick(column)) for column in values) for node, pick in self._pickers}
 
-    def _map_rows(self, labels: tuple[str, ...]) -> bool:
+    def _map_rows(self, labels: tuple[bytes, ...]) -> bool:
         """Row numbers of each node's CPUs for this order of lines; ``False`` when no line is a CPU's."""
         row_of_cpu: dict[int, int] = {}
         for row, label in enumerate(labels):
-            match = _CPU_LABEL.fullmatch(label)
+            match = _CPU_LABEL_BYTES.fullmatch(label)
             if match is not None:
                 row_of_cpu[int(match.group(1))] = row  # a CPU listed twice keeps its last line
         if not row_of_cpu:
@@ -201,6 +221,33 @@ def parse_meminfo(text: str) -> dict[str, int]:
     Works for /proc/meminfo and for sysfs ``nodeN/meminfo`` (whose lines start with ``Node N``);
     blank lines (older kernels start with one) are skipped.
     """
+    fields = _parse_plain_meminfo(text)
+    return _parse_meminfo_lines(text) if fields is None else fields
+
+
+def _parse_plain_meminfo(text: str) -> dict[str, int] | None:
+    """The fields of a meminfo in the kernel's own spelling (printable ASCII, every line a field) found
+    by one regex scan; ``None`` for anything else, which the line-by-line parser then judges."""
+    if not (text.isascii() and text.replace("\n", "").isprintable()):
+        return None
+    rows = _PLAIN_MEMINFO_LINE.findall(text)
+    lines = text.split("\n")
+    if len(rows) != len(lines) - lines.count(""):  # a line that is not a field (or is only spaces)
+        return None
+    fields: dict[str, int] = {}
+    for name, digits, unit in rows:
+        value = int(digits)
+        if unit == "kB":
+            value *= 1024
+        elif unit:
+            return None
+        if value > MAX_AMOUNT:
+            return None
+        fields[name] = value
+    return fields
+
+
+def _parse_meminfo_lines(text: str) -> dict[str, int]:
     fields: dict[str, int] = {}
     for line in text.splitlines():
         if not line.strip():
