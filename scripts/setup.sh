@@ -7,42 +7,48 @@ cd "$(dirname "$0")/.."
 
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
+PYTHON="${PYTHON:-python3}"
 
-apt_install() {
-    local missing=()
+# Debian packages still missing, given as "check-command:package" pairs.
+missing_packages() {
     for spec in "$@"; do
-        local bin="${spec%%:*}" pkg="${spec##*:}"
-        command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+        local check="${spec%%:*}" package="${spec##*:}"
+        eval "$check" >/dev/null 2>&1 || echo "$package"
     done
-    [ ${#missing[@]} -eq 0 ] && return 0
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "setup: please install these Debian packages: ${missing[*]}" >&2
-        exit 1
-    fi
-    echo "setup: apt-get install ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-PYTHON="${PYTHON:-python3}"
+apt_install() {
+    [ $# -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "setup: please install these Debian packages: $*" >&2
+        exit 1
+    fi
+    echo "setup: apt-get install $*" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 if ! "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
     echo "setup: Python 3.11 or newer is needed as '$PYTHON'" >&2
     exit 1
 fi
-# Debian splits venv/ensurepip into python3-venv.
-if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
-    apt_install "__no_such_binary__:python3-venv"
-fi
+
+wanted=("$PYTHON -c 'import ensurepip, venv':python3-venv")  # Debian ships venv separately
 if [ $want_test -eq 1 ]; then
-    apt_install prometheus:prometheus prometheus-node-exporter:prometheus-node-exporter \
-        lstopo-no-graphics:hwloc-nox
+    wanted+=(
+        "command -v prometheus:prometheus"
+        "command -v prometheus-node-exporter:prometheus-node-exporter"
+        "command -v lstopo-no-graphics:hwloc-nox"
+    )
 fi
+mapfile -t packages < <(missing_packages "${wanted[@]}")
+apt_install "${packages[@]}"
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 extras=""
 [ $want_test -eq 1 ] && extras="[test]"
 stamp=".venv/.installed$extras"
-digest="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
