@@ -56,7 +56,9 @@ class Agent:
             machine=machine,
             allocation=allocation,
             sources=self.sources.reports(),
-            container_usage=self._cgroups.containers(allocation, machine) if self._cgroups else (),
+            container_usage=(
+                self._cgroups.containers(allocation, machine, kubelet.live_pods) if self._cgroups else ()
+            ),
         )
 
     def _account(self, kubelet: KubeletState, topology: Topology) -> Allocation:

@@ -167,19 +167,22 @@ def join_usage(
     allocation: Allocation,
     machine: MachineNodes,
     cpu_time: Mapping[str, CpuTimeSplit],
+    live_pods: frozenset[str] | None = None,
 ) -> tuple[ContainerUsage, ...]:
     """Per-container usage with names, locality and per-node CPU time, sorted by pod UID and name.
 
     ``names`` maps container ids to identities (from ``/var/log/containers``, or any other provider such
     as the runtime); a container without a name (sandboxes have none) is left out, because the kubelet's
     allocation and every per-container series key containers by name. ``cpu_time`` is keyed by container id.
+    A cgroup of a pod the kubelet no longer has (``live_pods``, when known) is left out too: it is being
+    torn down, and its pod's other series are gone already.
     """
     allocations = {(c.container.pod_uid, c.container.container_name): c for c in allocation.containers}
     exported = EXPORTED_MEMORY_TYPES[layout]
     joined: dict[tuple[str, str], ContainerUsage] = {}
     for usage in usages:
         identity = names.get(usage.container_id)
-        if identity is None:
+        if identity is None or (live_pods is not None and usage.pod_uid not in live_pods):
             continue
         ref = ContainerRef(usage.pod_uid, identity.container_name, identity.pod_name, identity.namespace)
         key = (ref.pod_uid, ref.container_name)

@@ -26,7 +26,7 @@ from otel_numa.usage_accounting import (
     resident_by_node,
 )
 from tests.support.cgroup_tree import FakeContainer, FakePod, fake_container_id, write_cgroup_tree
-from tests.support.kubelet_scenario import build_scenario, labels, series
+from tests.support.kubelet_scenario import ScenarioPod, build_scenario, labels, series
 from tests.support.sysfs_tree import uniform_nodes
 
 MIB = 1 << 20
@@ -274,6 +274,9 @@ def test_join_with_allocation_names_and_exported_types() -> None:
     assert joined.intended_nodes == frozenset({1}) and joined.locality == pytest.approx(0.7)
     assert joined.cpu_nodes == frozenset({1}) and joined.memory_nodes == frozenset({0, 1})
     assert join_usage([usage], "v2", {}, allocation, TWO_NODES, {}) == ()
+    # the cgroup of a pod the kubelet no longer has is not reported; unknown liveness keeps it
+    assert join_usage([usage], "v2", names, allocation, TWO_NODES, {}, frozenset({"another-pod"})) == ()
+    assert len(join_usage([usage], "v2", names, allocation, TWO_NODES, {}, frozenset({POD_A}))) == 1
 
 
 # --- the series ------------------------------------------------------------------------------------
@@ -281,7 +284,8 @@ def test_join_with_allocation_names_and_exported_types() -> None:
 
 def test_series_names_types_and_switches(tmp_path: Path) -> None:
     cgroup, logs = _node(tmp_path)
-    scenario = build_scenario(tmp_path / "node", uniform_nodes(2, 4))
+    # both pods exist for the kubelet (<kubelet-root>/pods/<uid>), so their cgroups are reported
+    scenario = build_scenario(tmp_path / "node", uniform_nodes(2, 4), [ScenarioPod(POD_A), ScenarioPod(POD_B)])
     roots = {"cgroup_root": cgroup, "container_logs_root": logs}
     text = scenario.exposition(**roots)
 

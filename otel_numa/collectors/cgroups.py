@@ -143,7 +143,9 @@ class CgroupCollector:
         for failure in failures:
             self._tracker.failed(failure)
 
-    def containers(self, allocation: Allocation, machine: MachineUsage | None) -> tuple[ContainerUsage, ...]:
+    def containers(
+        self, allocation: Allocation, machine: MachineUsage | None, live_pods: frozenset[str] | None = None
+    ) -> tuple[ContainerUsage, ...]:
         """The latest view joined with ``allocation``; recomputed only when the view or an input changed."""
         view = self._view
         if view is None:
@@ -152,14 +154,16 @@ class CgroupCollector:
         memory = {node: m.total_bytes for node, m in machine.memory.items()} if machine is not None else {}
         nodes = MachineNodes.of(topology, memory)
         with self._join_lock:
-            inputs = (view, allocation, nodes)
+            inputs = (view, allocation, nodes, live_pods)
             if len(inputs) == len(self._joined_inputs) and all(
                 new is old or (isinstance(new, MachineNodes) and new == old)
                 for new, old in zip(inputs, self._joined_inputs, strict=True)
             ):
                 return self._joined
             cpu_time = self._advance_cpu_time(view, nodes)
-            self._joined = join_usage(view.usages, view.layout, view.names, allocation, nodes, cpu_time)
+            self._joined = join_usage(
+                view.usages, view.layout, view.names, allocation, nodes, cpu_time, live_pods
+            )
             self._joined_inputs = inputs
             return self._joined
 
