@@ -285,7 +285,9 @@ def test_join_with_allocation_names_and_exported_types() -> None:
 def test_series_names_types_and_switches(tmp_path: Path) -> None:
     cgroup, logs = _node(tmp_path)
     # both pods exist for the kubelet (<kubelet-root>/pods/<uid>), so their cgroups are reported
-    scenario = build_scenario(tmp_path / "node", uniform_nodes(2, 4), [ScenarioPod(POD_A), ScenarioPod(POD_B)])
+    scenario = build_scenario(
+        tmp_path / "node", uniform_nodes(2, 4), [ScenarioPod(POD_A), ScenarioPod(POD_B)]
+    )
     roots = {"cgroup_root": cgroup, "container_logs_root": logs}
     text = scenario.exposition(**roots)
 
