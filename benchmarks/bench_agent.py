@@ -1,7 +1,7 @@
 """The agent on the largest node it is sized for (issue 7's benchmark).
 
 The node: 16 NUMA nodes, 1,024 CPUs, 4 hugepage sizes, 250 pods x 4 containers in the CPU, memory and
-device checkpoints, 64 devices over 4 resources (tests/support/large_node.py). Measured in one run:
+device checkpoints, 64 devices over 4 resources (otel_numa/testing/large_node.py). Measured in one run:
 
 - collection CPU per round (``time.process_time`` around ``SnapshotStore.refresh()``, in-process) when
   nothing changed and when every checkpoint changed, the background refresh (cgroups) the scheduler runs
@@ -47,8 +47,8 @@ from benchmarks.harness import (
 from otel_numa.agent import Agent
 from otel_numa.pipeline import build_pipeline
 from otel_numa.settings import OtlpProtocol, Settings
-from tests.support.large_node import LargeNode, large_node_at, write_large_node
-from tests.support.peers import REPO, run_rotel
+from otel_numa.testing.large_node import LargeNode, large_node_at, write_large_node
+from otel_numa.testing.peers import REPO, run_rotel
 
 UNCHANGED_TARGET_MS = 2.0
 RSS_FLAT_TARGET_MB = 2.0

@@ -7,7 +7,7 @@ Run from the repository root::
 The node: 8 NUMA nodes x 128 CPUs; 250 live pods x 4 containers, each container holding one exclusive
 CPU, one memory block and one block of 2Mi pages (every tenth pod's blocks span two NUMA nodes), the first
 container of each pod one GPU and the second one NIC function without NUMA affinity. Checkpoints are
-written with the kubelet's layouts and checksums (tests/support/checkpoints.py), pods have their
+written with the kubelet's layouts and checksums (otel_numa/testing/checkpoints.py), pods have their
 ``<kubelet-root>/pods/`` and ``/var/log/pods`` directories.
 
 Measured, each ``--rounds`` times (median and 95th percentile):
@@ -39,25 +39,22 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from otel_numa.accounting import KubeletState, compute_allocation  # noqa: E402
+from otel_numa.accounting import compute_allocation  # noqa: E402
+from otel_numa.model import DeviceEntry, KubeletState, MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
 from otel_numa.pipeline import build_pipeline  # noqa: E402
 from otel_numa.sources.checkpoints import (  # noqa: E402
-    DeviceEntry,
-    MemoryBlock,
-    MemoryTable,
-    NumaMemoryState,
     parse_cpu_manager_state,
     parse_device_checkpoint,
     parse_memory_manager_state,
 )
 from otel_numa.sources.sysfs import read_topology  # noqa: E402
-from tests.support.checkpoints import (  # noqa: E402
+from otel_numa.testing.checkpoints import (  # noqa: E402
     write_cpu_manager_state,
     write_device_checkpoint,
     write_memory_manager_state,
 )
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario  # noqa: E402
-from tests.support.sysfs_tree import uniform_nodes  # noqa: E402
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario  # noqa: E402
+from otel_numa.testing.sysfs_tree import uniform_nodes  # noqa: E402
 
 NUMA_NODES = 8
 CPUS_PER_NODE = 128

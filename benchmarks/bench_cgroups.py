@@ -1,6 +1,6 @@
 """Cost of per-container NUMA usage on a node with 250 pods x 4 containers (issue 8's benchmark).
 
-Two machines from :mod:`tests.support.large_node`, both with 1,000 containers in a cgroup v2 tree (systemd
+Two machines from :mod:`otel_numa.testing.large_node`, both with 1,000 containers in a cgroup v2 tree (systemd
 driver) and their ``/var/log/containers`` links: 2 NUMA nodes x 512 CPUs (512 GiB each), and the
 largest node the agent is sized for (16 NUMA nodes x 64 CPUs); the generator gives every container one
 exclusive CPU and a memory block on its node. Each container is pinned to one node; its ``memory.numa_stat``
@@ -33,15 +33,15 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from benchmarks.harness import count_series, machine_details, median, percentile
-from otel_numa.accounting import Allocation
 from otel_numa.agent import Agent
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.model import Allocation
 from otel_numa.pipeline import build_pipeline
 from otel_numa.settings import MetricGroup, Settings
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cgroups import PAGE_SIZE
-from tests.support.cgroup_tree import V2_TYPES, render_numa_stat_v2
-from tests.support.large_node import LargeNode, LargeNodeSpec, write_large_node
+from otel_numa.testing.cgroup_tree import V2_TYPES, render_numa_stat_v2
+from otel_numa.testing.large_node import LargeNode, LargeNodeSpec, write_large_node
 
 ANON_PAGES = 25_600  # 100 MiB of 4 KiB pages per container
 

@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.checkpoints import write_cpu_manager_state  # noqa: E402
-from tests.support.peers import Rotel, run_agent, run_rotel, wait_for  # noqa: E402
-from tests.support.sysfs_tree import NodeSpec, write_machine  # noqa: E402
+from otel_numa.testing.checkpoints import write_cpu_manager_state  # noqa: E402
+from otel_numa.testing.peers import Rotel, run_agent, run_rotel, wait_for  # noqa: E402
+from otel_numa.testing.sysfs_tree import NodeSpec, write_machine  # noqa: E402
 
 POD = "0f1e2d3c-aaaa-bbbb-cccc-000000000002"
 ALL_CPUS = frozenset(range(8))

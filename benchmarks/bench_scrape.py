@@ -28,9 +28,9 @@ from benchmarks.harness import (
     scrape_table,
     verdict,
 )
-from tests.support.hwloc import SNAPSHOT_DIR, extract_snapshot, snapshot_names
-from tests.support.large_node import machine_only, write_large_node
-from tests.support.peers import run_rotel
+from otel_numa.testing.hwloc import SNAPSHOT_DIR, extract_snapshot, snapshot_names
+from otel_numa.testing.large_node import machine_only, write_large_node
+from otel_numa.testing.peers import run_rotel
 
 RSS_TARGET_MB = 50.0
 CPU_PER_SERIES_TARGET = 2.0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support.peers import REPO, free_port
+from otel_numa.testing.peers import REPO, free_port
 
 NODE_EXPORTER = "prometheus-node-exporter"
 # The two collectors that cover what the agent reads from sysfs/procfs.

@@ -5,64 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from otel_numa.join import JoinedPodResources
-from otel_numa.sources.checkpoints.cpu_manager import CpuManagerState
-from otel_numa.sources.checkpoints.device_manager import DeviceManagerState
-from otel_numa.sources.checkpoints.memory_manager import MemoryManagerState
-from otel_numa.sources.podresources import ContainerDevices, ContainerMemory, ContainerResources
-from otel_numa.sources.sysfs import HugepagePool, NodeMemory, Topology
-
-NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
-
-HugepageKey = tuple[int, str]  # (numa id, k8s.hugepage.size)
-DeviceKey = tuple[int, str]  # (numa id, numa.resource.name)
-
-
-@dataclass(frozen=True, slots=True)
-class MachineUsage:
-    topology: Topology
-    memory: Mapping[int, NodeMemory]
-    hugepages: Mapping[int, tuple[HugepagePool, ...]]
-    numastat: Mapping[int, Mapping[str, int]]
-    cpu_time: Mapping[int, Mapping[str, float]]  # numa id -> cpu.mode -> seconds
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerRef:
-    pod_uid: str
-    container_name: str
-    pod_name: str | None = None
-    namespace: str | None = None
-    # opt-in runtime enrichment put straight on the per-container series (enrich_mode=attributes)
-    extra_attributes: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerAllocation:
-    container: ContainerRef
-    cpus: Mapping[int, int] = field(default_factory=dict)
-    memory_bytes: Mapping[int, int] = field(default_factory=dict)
-    hugepages_bytes: Mapping[HugepageKey, int] = field(default_factory=dict)
-    devices: Mapping[DeviceKey, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """What the kubelet may hand out and has handed out; ``None`` means unknown (no series), never 0."""
-
-    cpu_allocatable: Mapping[int, int] | None = None
-    cpu_allocated: Mapping[int, int] | None = None
-    memory_allocatable: Mapping[int, int] | None = None
-    memory_allocated: Mapping[int, int] | None = None
-    hugepages_allocatable: Mapping[HugepageKey, int] | None = None
-    hugepages_allocated: Mapping[HugepageKey, int] | None = None
-    device_capacity: Mapping[DeviceKey, int] | None = None
-    device_allocated: Mapping[DeviceKey, int] | None = None
-    containers: tuple[ContainerAllocation, ...] = ()
-    # (pod uid, container) whose checkpoint allocation differs from podresources' (which won)
-    disagreements: frozenset[tuple[str, str]] = frozenset()
-    # (pod uid, container) -> enrichment attributes of numa.container.info (opt-in, from the runtime)
-    container_info: Mapping[tuple[str, str], Mapping[str, str]] | None = None
+from otel_numa.model import (
+    NO_NUMA,
+    Allocation,
+    ContainerAllocation,
+    ContainerDevices,
+    ContainerMemory,
+    ContainerRef,
+    ContainerResources,
+    DeviceKey,
+    HugepageKey,
+    JoinedPodResources,
+    KubeletState,
+    Topology,
+)
 
 
 def hugepage_size_label(size_kib: int) -> str:
@@ -79,23 +35,6 @@ def cpus_per_node(cpus: frozenset[int], topology: Topology) -> dict[int, int]:
 
 
 # Allocation from the kubelet's checkpoints ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KubeletState:
-    """The kubelet's checkpoints (each ``None`` when absent or rejected this round) and who is alive."""
-
-    cpu: CpuManagerState | None = None
-    memory: MemoryManagerState | None = None
-    devices: DeviceManagerState | None = None
-    # UIDs of pods that exist (podresources' answer, else <kubelet-root>/pods/); None: unknown, keep all
-    live_pods: frozenset[str] | None = None
-    pod_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
-    # podresources' allocatable view; it wins over what the checkpoints and settings imply
-    allocatable_cpus: frozenset[int] | None = None
-    allocatable_devices: Mapping[DeviceKey, int] | None = None
-    # podresources' answer joined to UIDs (see otel_numa.join); where it disagrees with a checkpoint it wins
-    podresources: JoinedPodResources | None = None
 
 
 def device_numa(numa_ids: Iterable[int]) -> int:

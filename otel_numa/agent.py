@@ -8,18 +8,18 @@ import time
 
 from prometheus_client import generate_latest, start_http_server
 
-from otel_numa.accounting import Allocation, KubeletState, compute_allocation
+from otel_numa.accounting import compute_allocation
 from otel_numa.collectors.background import BackgroundSources
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames, container_usage_enabled
 from otel_numa.collectors.kubelet import KubeletCollector
 from otel_numa.collectors.machine import MachineCollector
 from otel_numa.health_server import HealthServer
+from otel_numa.model import Allocation, KubeletState, Topology
 from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.scheduler import Scheduler
 from otel_numa.settings import Settings, parse_host_port
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
-from otel_numa.sources.sysfs import Topology
 from otel_numa.watch import CheckpointWatcher
 
 log = logging.getLogger(__name__)

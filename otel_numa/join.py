@@ -22,32 +22,8 @@ entry of that pod is dropped as stale.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from otel_numa.sources.podresources import AllocatableResources, PodResources
-
-PodName = tuple[str, str]  # (namespace, name)
-
-
-@dataclass(frozen=True, slots=True)
-class PodResourcesView:
-    """One good answer of the podresources API; ``allocatable`` is None when the kubelet lacks the call."""
-
-    pods: tuple[PodResources, ...]
-    allocatable: AllocatableResources | None
-
-
-@dataclass(frozen=True, slots=True)
-class JoinedPodResources:
-    """A :class:`PodResourcesView` with its pods keyed by UID where the join succeeded."""
-
-    by_uid: Mapping[str, PodResources]
-    unjoined: tuple[PodResources, ...]
-    allocatable: AllocatableResources | None
-
-    @property
-    def all_pods(self) -> tuple[PodResources, ...]:
-        return (*self.by_uid.values(), *self.unjoined)
+from otel_numa.model import JoinedPodResources, PodName, PodResources, PodResourcesView
 
 
 def uids_by_pod_name(identities: Mapping[str, PodName]) -> dict[PodName, tuple[str, ...]]:

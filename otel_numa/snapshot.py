@@ -12,9 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from otel_numa.accounting import Allocation, MachineUsage
+from otel_numa.model import Allocation, ContainerUsage, MachineUsage
 from otel_numa.source_status import SourceReport
-from otel_numa.usage_accounting import ContainerUsage
 
 
 @dataclass(frozen=True, slots=True)

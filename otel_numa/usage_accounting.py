@@ -28,12 +28,20 @@ monotonic even when a shared-pool cpuset changes between rounds.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from otel_numa.accounting import NO_NUMA, Allocation, ContainerAllocation, ContainerRef
-from otel_numa.sources.cgroups import CgroupLayout, ContainerNumaUsage
-from otel_numa.sources.container_logs import ContainerIdentity
-from otel_numa.sources.sysfs import Topology
+from otel_numa.model import (
+    NO_NUMA,
+    Allocation,
+    CgroupLayout,
+    ContainerAllocation,
+    ContainerIdentity,
+    ContainerNumaUsage,
+    ContainerRef,
+    ContainerUsage,
+    CpuTimeSplit,
+    Topology,
+)
 
 # Memory types exported per container and node: bounded, so that 1,000 containers stay within the
 # instruments' cardinality limit on machines with several nodes. Types may overlap (shmem is part of file).
@@ -50,26 +58,6 @@ RESIDENT_MEMORY_TYPES: Mapping[CgroupLayout, tuple[str, ...]] = {
 USED_MEMORY_TYPES = frozenset(
     name for types in (*EXPORTED_MEMORY_TYPES.values(), *RESIDENT_MEMORY_TYPES.values()) for name in types
 )
-
-
-@dataclass(frozen=True, slots=True)
-class CpuTimeSplit:
-    """A container's CPU time as last read, and its running per-node totals."""
-
-    total_s: float
-    by_node: Mapping[int, float]
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerUsage:
-    container: ContainerRef
-    container_id: str
-    memory_by_type: Mapping[str, Mapping[int, int]]  # exported types only, no zeros: type -> node -> bytes
-    cpu_nodes: frozenset[int] | None  # nodes holding the effective CPUs; None when unknown
-    memory_nodes: frozenset[int] | None  # effective cpuset.mems; None when unknown
-    intended_nodes: frozenset[int] | None  # None: not confined, so no locality
-    locality: float | None
-    cpu_time_by_node: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ if [ $want_test -eq 1 ]; then
         "command -v prometheus:prometheus"
         "command -v prometheus-node-exporter:prometheus-node-exporter"
         "command -v lstopo-no-graphics:hwloc-nox"
+        "command -v strace:strace"
+        "command -v openssl:openssl"
     )
 fi
 mapfile -t packages < <(missing_packages "${wanted[@]}")
@@ -53,4 +55,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
     echo "$digest" > "$stamp"
+fi
+
+# Further test tools, each with its own idempotent script (helm/kubectl, podman, TLS terminators, ...).
+if [ $want_test -eq 1 ]; then
+    for extra in scripts/setup.d/*.sh; do
+        if [ -e "$extra" ]; then bash "$extra"; fi
+    done
 fi

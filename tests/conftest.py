@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.hwloc import extract_snapshot
+from otel_numa.testing.hwloc import extract_snapshot
 
 
 @pytest.fixture

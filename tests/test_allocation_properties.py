@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
 from otel_numa.pipeline import build_pipeline
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from tests.support.checkpoints import (
+from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     memory_manager_state_bytes,
 )
-from tests.support.kubelet_scenario import (
+from otel_numa.testing.kubelet_scenario import (
     KubeletScenario,
     Labels,
     Samples,
@@ -41,7 +41,7 @@ from tests.support.kubelet_scenario import (
     parse_exposition,
     series,
 )
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from tests.support.checkpoints import (
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
+from otel_numa.testing.checkpoints import (
     write_atomically,
     write_cpu_manager_state,
     write_device_checkpoint,
     write_memory_manager_state,
 )
-from tests.support.kubelet_scenario import (
+from otel_numa.testing.kubelet_scenario import (
     NODE_NAME,
     KubeletScenario,
     Labels,
@@ -43,8 +43,8 @@ from tests.support.kubelet_scenario import (
     labels,
     series,
 )
-from tests.support.peers import run_agent, run_prometheus, wait_for
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -23,7 +23,7 @@ from otel_numa.sources.cgroups import (
     read_container_usage,
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing
-from tests.support.cgroup_tree import (
+from otel_numa.testing.cgroup_tree import (
     FakeContainer,
     FakePod,
     fake_container_id,

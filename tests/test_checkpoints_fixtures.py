@@ -11,15 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.sources.checkpoints import (
+from otel_numa.model import (
     CpuManagerState,
     DeviceEntry,
     DeviceManagerState,
-    DraManagerState,
     MemoryBlock,
     MemoryManagerState,
     MemoryTable,
     NumaMemoryState,
+)
+from otel_numa.sources.checkpoints import (
+    DraManagerState,
     parse_cpu_manager_state,
     parse_device_checkpoint,
     parse_dra_checkpoint,
@@ -32,7 +34,7 @@ from otel_numa.sources.checkpoints import (
 from otel_numa.sources.checkpoints.gojson import STRING, UINT64, GoField, GoInt, GoMap, GoPointer, GoStruct
 from otel_numa.sources.checkpoints.gospew import fnv1a_32, spew_text
 from otel_numa.sources.errors import SourceCorrupt
-from tests.support.checkpoints import fnv1a_32 as independent_fnv1a_32
+from otel_numa.testing.checkpoints import fnv1a_32 as independent_fnv1a_32
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet"
 

@@ -5,7 +5,7 @@
   verified: only encodings Go decodes to the same value (whitespace, member case, escapes, unknown
   members, the untrusted copies beside v4 data) survive. The kubelet's one loophole, a zero or missing
   checksum, is reported as ``checksum_verified=False``; the device manager has no such loophole.
-- The writer in tests/support/checkpoints.py, which spells out its own spew text and FNV, produces files
+- The writer in otel_numa/testing/checkpoints.py, which spells out its own spew text and FNV, produces files
   the reader accepts with exactly the allocations written.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from otel_numa.sources.checkpoints import (
+from otel_numa.model import (
     CpuManagerState,
     DeviceEntry,
     DeviceManagerState,
@@ -28,6 +28,8 @@ from otel_numa.sources.checkpoints import (
     MemoryManagerState,
     MemoryTable,
     NumaMemoryState,
+)
+from otel_numa.sources.checkpoints import (
     parse_cpu_manager_state,
     parse_device_checkpoint,
     parse_dra_checkpoint,
@@ -35,7 +37,7 @@ from otel_numa.sources.checkpoints import (
     read_cpu_manager_state,
 )
 from otel_numa.sources.errors import SourceCorrupt
-from tests.support.checkpoints import (
+from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     memory_manager_state_bytes,

@@ -15,9 +15,9 @@ from prometheus_client import generate_latest
 
 from otel_numa.agent import Agent
 from otel_numa.proto import podresources_v1_pb2 as pb
-from tests.support.kubelet_scenario import KubeletScenario, build_scenario, parse_exposition, series
-from tests.support.podresources_server import PodResourcesServer, short_socket_dir
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.kubelet_scenario import KubeletScenario, build_scenario, parse_exposition, series
+from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 BATCH = 100
 CARDINALITY_LIMIT = 1_000  # far below the 5,000 pods the agent sees over its life

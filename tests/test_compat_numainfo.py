@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.checkpoints import write_cpu_manager_state
-from tests.support.kubelet_scenario import (
+from otel_numa.testing.checkpoints import write_cpu_manager_state
+from otel_numa.testing.kubelet_scenario import (
     NODE_NAME,
     KubeletScenario,
     ScenarioPod,
@@ -25,7 +25,7 @@ from tests.support.kubelet_scenario import (
     labels,
     series,
 )
-from tests.support.sysfs_tree import NodeSpec
+from otel_numa.testing.sysfs_tree import NodeSpec
 
 POD = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c01"
 OTHER = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c02"

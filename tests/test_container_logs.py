@@ -7,11 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.sources.container_logs import (
-    ContainerIdentity,
-    parse_container_log_name,
-    read_container_identities,
-)
+from otel_numa.model import ContainerIdentity
+from otel_numa.sources.container_logs import parse_container_log_name, read_container_identities
 from otel_numa.sources.errors import SourceMissing
 
 ID_1 = "4f2d8b1c9e0a7d6f5b3c2a1908e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b"

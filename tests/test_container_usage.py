@@ -10,14 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.accounting import Allocation, ContainerAllocation, ContainerRef, MachineUsage
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.collectors.machine import MachineCollector
-from otel_numa.source_status import SourceRegistry
-from otel_numa.sources.cgroups import CgroupLayout, ContainerCgroup, ContainerNumaUsage, read_container_usage
-from otel_numa.sources.container_logs import ContainerIdentity
-from otel_numa.usage_accounting import (
+from otel_numa.model import (
+    Allocation,
+    CgroupLayout,
+    ContainerAllocation,
+    ContainerIdentity,
+    ContainerNumaUsage,
+    ContainerRef,
     CpuTimeSplit,
+    MachineUsage,
+)
+from otel_numa.source_status import SourceRegistry
+from otel_numa.sources.cgroups import ContainerCgroup, read_container_usage
+from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, fake_container_id, write_cgroup_tree
+from otel_numa.testing.kubelet_scenario import ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.sysfs_tree import uniform_nodes
+from otel_numa.usage_accounting import (
     MachineNodes,
     advance_cpu_time,
     intended_nodes,
@@ -25,9 +35,6 @@ from otel_numa.usage_accounting import (
     memory_locality,
     resident_by_node,
 )
-from tests.support.cgroup_tree import FakeContainer, FakePod, fake_container_id, write_cgroup_tree
-from tests.support.kubelet_scenario import ScenarioPod, build_scenario, labels, series
-from tests.support.sysfs_tree import uniform_nodes
 
 MIB = 1 << 20
 POD_A = "0d9a4f5e-1111-4c2b-8d3e-000000000001"

@@ -1,4 +1,4 @@
-"""The CRI enrichment client against a real gRPC RuntimeService on a unix socket (tests/support)."""
+"""The CRI enrichment client against a real gRPC RuntimeService on a unix socket (otel_numa/testing)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from otel_numa.sources.cri import (
     is_secret_like,
 )
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
-from tests.support.cri_server import CriServer, CriState, RuntimeContainer
-from tests.support.podresources_server import short_socket_dir
+from otel_numa.testing.cri_server import CriServer, CriState, RuntimeContainer
+from otel_numa.testing.podresources_server import short_socket_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -267,7 +267,7 @@ def test_runtime_in_another_process(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tests.support.cri_server",
+            "otel_numa.testing.cri_server",
             "--socket",
             str(socket_path),
             "--state",

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from otel_numa.proto import podresources_v1_pb2 as pb
-from tests.support.peers import Prometheus, http_get, run_agent, run_prometheus, wait_for
-from tests.support.podresources_server import PodResourcesServer, PodResourcesState
+from otel_numa.testing.peers import Prometheus, http_get, run_agent, run_prometheus, wait_for
+from otel_numa.testing.podresources_server import PodResourcesServer, PodResourcesState
 
 pytestmark = pytest.mark.e2e
 

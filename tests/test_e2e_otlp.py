@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from otel_numa import __version__
-from tests.support.peers import run_agent, run_rotel, wait_for
+from otel_numa.testing.peers import run_agent, run_rotel, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.peers import run_agent, run_prometheus, wait_for
+from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from otel_numa.proto import cri_runtime_v1_pb2 as pb
-from tests.support.checkpoints import write_cpu_manager_state
-from tests.support.cri_server import CriServer, RuntimeContainer
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.podresources_server import short_socket_dir
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.checkpoints import write_cpu_manager_state
+from otel_numa.testing.cri_server import CriServer, RuntimeContainer
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.podresources_server import short_socket_dir
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 UID = "7f6e5d4c-3b2a-4190-8f7e-6d5c4b3a2910"
 SECRET = "hunter2-do-not-export"

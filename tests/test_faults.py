@@ -19,16 +19,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from tests.support.checkpoints import (
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
+from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     memory_manager_state_bytes,
     write_atomically,
 )
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.peers import AgentProcess, free_port, http_get, run_agent, wait_for
-from tests.support.sysfs_tree import NodeSpec
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.peers import AgentProcess, free_port, http_get, run_agent, wait_for
+from otel_numa.testing.sysfs_tree import NodeSpec
 
 pytestmark = pytest.mark.e2e
 

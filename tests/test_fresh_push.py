@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from otel_numa.scheduler import Scheduler
-from tests.support.checkpoints import write_cpu_manager_state
-from tests.support.peers import (
+from otel_numa.testing.checkpoints import write_cpu_manager_state
+from otel_numa.testing.peers import (
     AgentProcess,
     ReceivedBatch,
     ReceivedMetric,
@@ -27,7 +27,7 @@ from tests.support.peers import (
     run_rotel,
     wait_for,
 )
-from tests.support.sysfs_tree import NodeSpec, write_machine
+from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
 
 pytestmark = pytest.mark.e2e
 

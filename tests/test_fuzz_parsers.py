@@ -23,13 +23,10 @@ from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState, Topology
 from otel_numa.pipeline import build_pipeline
 from otel_numa.sources import cgroups, files, procfs, sysfs
 from otel_numa.sources.checkpoints import (
-    DeviceEntry,
-    MemoryBlock,
-    MemoryTable,
-    NumaMemoryState,
     parse_cpu_manager_state,
     parse_device_checkpoint,
     parse_dra_checkpoint,
@@ -38,15 +35,15 @@ from otel_numa.sources.checkpoints import (
 from otel_numa.sources.container_logs import parse_container_log_name, read_container_identities
 from otel_numa.sources.errors import SourceCorrupt, SourceError
 from otel_numa.sources.pod_logs import parse_pod_log_dir_name, read_pod_identities
-from tests.support.cgroup_tree import FakeContainer, FakePod, container_dir, write_cgroup_tree
-from tests.support.checkpoints import (
+from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, container_dir, write_cgroup_tree
+from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     fnv1a_32,
     memory_manager_state_bytes,
 )
-from tests.support.kubelet_scenario import KubeletScenario, Labels, ScenarioPod, build_scenario, series
-from tests.support.sysfs_tree import NodeSpec, write_file, write_machine
+from otel_numa.testing.kubelet_scenario import KubeletScenario, Labels, ScenarioPod, build_scenario, series
+from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
 
 FUZZ = settings(
     max_examples=150,
@@ -277,7 +274,7 @@ def test_per_cpu_online_files_with_any_content(
     sysfs_root, procfs_root = write_machine(root, TWO_NODES, cpu_online_file=False)
     (sysfs_root / "devices/system/cpu/cpu3/online").write_bytes(content)
     result = source_result(lambda: sysfs.read_topology(sysfs_root, procfs_root))
-    if isinstance(result, sysfs.Topology):
+    if isinstance(result, Topology):
         assert result.online_cpus in (frozenset({0, 1, 2}), frozenset({0, 1, 2, 3}))
 
 

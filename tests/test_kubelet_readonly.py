@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from tests.support.checkpoints import (
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
+from otel_numa.testing.checkpoints import (
     write_atomically,
     write_cpu_manager_state,
     write_device_checkpoint,
     write_memory_manager_state,
 )
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.peers import REPO, agent_command, run_agent
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.peers import REPO, agent_command, run_agent
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 GIB = 1 << 30
 POD = "3e1d5c7a-9b2f-4a6e-8d0c-1f2e3d4c5ba1"

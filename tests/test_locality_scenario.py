@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from otel_numa.sources.checkpoints import MemoryBlock, MemoryTable, NumaMemoryState
-from tests.support.cgroup_tree import FakeContainer, FakePod, fake_container_id, write_cgroup_tree
-from tests.support.checkpoints import write_cpu_manager_state, write_memory_manager_state
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.peers import run_agent, run_prometheus, wait_for
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.model import MemoryBlock, MemoryTable, NumaMemoryState
+from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, fake_container_id, write_cgroup_tree
+from otel_numa.testing.checkpoints import write_cpu_manager_state, write_memory_manager_state
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""The podresources client against a real gRPC server on a unix socket (tests/support)."""
+"""The podresources client against a real gRPC server on a unix socket (otel_numa/testing)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from otel_numa.proto import podresources_v1_pb2 as pb
-from otel_numa.sources.errors import SourceMissing, SourceUnavailable
-from otel_numa.sources.podresources import (
+from otel_numa.model import (
     AllocatableResources,
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
     PodResources,
-    PodResourcesClient,
 )
-from tests.support.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.sources.errors import SourceMissing, SourceUnavailable
+from otel_numa.sources.podresources import PodResourcesClient
+from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GiB = 1024**3
@@ -292,7 +292,7 @@ def test_answer_above_four_mebibytes_needs_the_raised_limit(server: PodResources
 
 
 def _start_server_process(socket_path: Path, state_file: Path) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "tests.support.podresources_server", "--socket", str(socket_path)]
+    command = [sys.executable, "-m", "otel_numa.testing.podresources_server", "--socket", str(socket_path)]
     process = subprocess.Popen(
         [*command, "--state", str(state_file)],
         cwd=REPO_ROOT,

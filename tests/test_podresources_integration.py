@@ -1,4 +1,4 @@
-"""The agent with the kubelet's podresources API: a real gRPC server on a unix socket (tests/support),
+"""The agent with the kubelet's podresources API: a real gRPC server on a unix socket (otel_numa/testing),
 a synthetic node (2 NUMA nodes: CPUs 0-3 and 4-7), checkpoints written as the kubelet writes them."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 
 from otel_numa.agent import Agent
 from otel_numa.proto import podresources_v1_pb2 as pb
-from tests.support.checkpoints import write_cpu_manager_state
-from tests.support.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
-from tests.support.peers import free_port, http_get, run_prometheus, wait_for
-from tests.support.podresources_server import PodResourcesServer, short_socket_dir
-from tests.support.sysfs_tree import uniform_nodes
+from otel_numa.testing.checkpoints import write_cpu_manager_state
+from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.peers import free_port, http_get, run_prometheus, wait_for
+from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 WEB_UID = "0c8d7f4e-1b2a-4c3d-9e8f-7a6b5c4d3e2f"
 DB_UID = "5e4d3c2b-1a09-4f8e-8d7c-6b5a4f3e2d1c"

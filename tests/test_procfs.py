@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from otel_numa.sources import procfs, sysfs
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
-from tests.support.hwloc import extract_snapshot, snapshot_files, snapshot_names
-from tests.support.sysfs_tree import NodeSpec, format_proc_stat, write_file, write_machine
+from otel_numa.testing.hwloc import extract_snapshot, snapshot_files, snapshot_names
+from otel_numa.testing.sysfs_tree import NodeSpec, format_proc_stat, write_file, write_machine
 
 HZ = os.sysconf("SC_CLK_TCK")
 PROC = ("proc",)  # only the proc/ part of a snapshot is needed here

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.peers import http_get, run_agent
+from otel_numa.testing.peers import http_get, run_agent
 
 pytestmark = pytest.mark.e2e
 

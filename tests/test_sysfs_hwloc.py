@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from otel_numa.model import HugepagePool, NodeMemory, NumaNode, Topology
 from otel_numa.sources import sysfs
-from otel_numa.sources.sysfs import HugepagePool, NodeMemory, Topology
-from tests.support.hwloc import HwlocTopology, extract_snapshot, hwloc_topology, snapshot_names
+from otel_numa.testing.hwloc import HwlocTopology, extract_snapshot, hwloc_topology, snapshot_names
 
 SNAPSHOTS = snapshot_names()
 KIB = 1024
@@ -338,7 +338,7 @@ def test_offline_node0(snapshots: Callable[[str], Snapshot]) -> None:
     assert topology.online_cpus == frozenset(range(4, 21))
     # cpulist "1,3,...,23" intersected with online 4-20
     assert topology.nodes == (
-        sysfs.NumaNode(id=1, cpus=frozenset({5, 7, 9, 11, 13, 15, 17, 19}), distances={1: 10}),
+        NumaNode(id=1, cpus=frozenset({5, 7, 9, 11, 13, 15, 17, 19}), distances={1: 10}),
     )
     assert sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)[1].free_bytes == 57913400 * KIB
     assert sysfs.read_numastat(snap.sysfs, topology)[1]["local"] == 1333461646

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from otel_numa.model import HugepagePool, NodeMemory, NumaNode
 from otel_numa.sources import sysfs
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
-from otel_numa.sources.sysfs import HugepagePool, NodeMemory, NumaNode
-from tests.support.sysfs_tree import (
+from otel_numa.testing.sysfs_tree import (
     NodeSpec,
     format_cpumask,
     format_node_meminfo,

@@ -19,9 +19,9 @@ import pytest
 import watchfiles
 from watchfiles._rust_notify import WatchfilesRustInternalError
 
+from otel_numa.testing.checkpoints import write_atomically, write_cpu_manager_state
+from otel_numa.testing.peers import wait_for
 from otel_numa.watch import CheckpointWatcher, WatchBackend
-from tests.support.checkpoints import write_atomically, write_cpu_manager_state
-from tests.support.peers import wait_for
 
 POLL_S = 0.2  # the watcher's identity check / polling period in these tests
 

@@ -25,10 +25,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from otel_numa.sources.checkpoints.device_manager import DeviceEntry  # noqa: E402
-from otel_numa.sources.checkpoints.memory_manager import MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
-from tests.support.cgroup_tree import FakeContainer, FakePod, write_cgroup_tree  # noqa: E402
-from tests.support.checkpoints import (  # noqa: E402
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
+from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, write_cgroup_tree  # noqa: E402
+from otel_numa.testing.checkpoints import (  # noqa: E402
     write_cpu_manager_state,
     write_device_checkpoint,
     write_memory_manager_state,

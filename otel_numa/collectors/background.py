@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.metrics import MeterProvider
 
-from otel_numa.accounting import Allocation, KubeletState
 from otel_numa.collectors.podresources import PodResourcesRefresher
 from otel_numa.collectors.runtime import (
     EnrichmentRules,
@@ -20,6 +19,7 @@ from otel_numa.collectors.runtime import (
     resolve_cri_socket,
 )
 from otel_numa.instruments.departed import DepartedSeriesJanitor
+from otel_numa.model import Allocation, KubeletState
 from otel_numa.settings import Settings
 from otel_numa.source_status import SourceRegistry
 

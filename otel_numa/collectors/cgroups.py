@@ -17,23 +17,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_numa.accounting import Allocation, MachineUsage
+from otel_numa.model import (
+    Allocation,
+    CgroupLayout,
+    ContainerIdentity,
+    ContainerNumaUsage,
+    ContainerUsage,
+    CpuTimeSplit,
+    MachineUsage,
+)
 from otel_numa.settings import MetricGroup, Settings
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cgroups import (
-    CgroupLayout,
     ContainerCgroup,
-    ContainerNumaUsage,
     detect_cgroup_layout,
     find_container_cgroups,
     read_container_usage,
 )
-from otel_numa.sources.container_logs import ContainerIdentity, read_container_identities
+from otel_numa.sources.container_logs import read_container_identities
 from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.usage_accounting import (
     USED_MEMORY_TYPES,
-    ContainerUsage,
-    CpuTimeSplit,
     MachineNodes,
     advance_cpu_time,
     cpu_shares,

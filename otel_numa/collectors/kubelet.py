@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from otel_numa.accounting import KubeletState
+from otel_numa.model import KubeletState
 from otel_numa.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources.checkpoints.cpu_manager import read_cpu_manager_state
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint

@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from otel_numa.accounting import MachineUsage
+from otel_numa.model import MachineUsage, Topology
 from otel_numa.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources import sysfs
 from otel_numa.sources.errors import SourceError
 from otel_numa.sources.procfs import NodeCpuTimes
-from otel_numa.sources.sysfs import NodeFiles, Topology
+from otel_numa.sources.sysfs import NodeFiles
 
 T = TypeVar("T")
 V = TypeVar("V")

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from otel_numa.accounting import KubeletState, with_podresources
-from otel_numa.join import JoinedPodResources, PodResourcesView, join_pods, live_pod_set
+from otel_numa.accounting import with_podresources
+from otel_numa.join import join_pods, live_pod_set
+from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
-from otel_numa.sources.podresources import AllocatableResources, PodResourcesClient
+from otel_numa.sources.podresources import PodResourcesClient
 
 log = logging.getLogger(__name__)
 

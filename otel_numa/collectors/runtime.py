@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from otel_numa.accounting import Allocation
+from otel_numa.model import Allocation
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cri import (
     CRI_SOCKET_CANDIDATES,

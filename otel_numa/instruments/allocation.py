@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator, Mapping
 
 from opentelemetry.util.types import AttributeValue
 
-from otel_numa.accounting import Allocation, ContainerAllocation, ContainerRef
 from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.model import Allocation, ContainerAllocation, ContainerRef
 from otel_numa.snapshot import Snapshot
 
 HUGEPAGE_SIZE = "k8s.hugepage.size"

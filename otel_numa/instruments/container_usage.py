@@ -8,8 +8,8 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_numa.instruments.allocation import container_attributes
 from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.model import ContainerUsage
 from otel_numa.snapshot import Snapshot
-from otel_numa.usage_accounting import ContainerUsage
 
 MEMORY_TYPE = "numa.memory.type"
 CPU_NODE_IDS = "numa.cpu.node.ids"

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from otel_numa.model import CgroupLayout, ContainerNumaUsage
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import parse_cpulist
 
-CgroupLayout = Literal["v1", "v2"]
 QosClass = Literal["guaranteed", "burstable", "besteffort"]
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -54,18 +54,6 @@ class ContainerCgroup:
     container_id: str
     qos: QosClass
     path: Path  # the container's directory (v2), or its directory in the memory hierarchy (v1)
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerNumaUsage:
-    pod_uid: str
-    container_id: str
-    # memory type (anon, file, kernel_stack, shmem, ...) -> NUMA node id -> bytes.
-    # v1 kernels report only anon, file and unevictable; "total" is a sum, not a type.
-    memory_by_type: Mapping[str, Mapping[int, int]]
-    cpus: frozenset[int] | None  # effective cpuset; None when the cpuset controller is not there
-    mems: frozenset[int] | None
-    cpu_time_s: float | None  # CPU time of the container since it started; None when unknown
 
 
 class _Vanished(Exception):

@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from otel_numa.model import ContainerIdentity
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 
 _LOG_NAME = re.compile(r"([^_]+)_([^_]+)_([^_]+)-([0-9a-f]{64})\.log")
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerIdentity:
-    pod_name: str
-    namespace: str
-    container_name: str
-    container_id: str
 
 
 def parse_container_log_name(name: str) -> ContainerIdentity | None:

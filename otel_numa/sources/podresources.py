@@ -12,13 +12,19 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import grpc
 
+from otel_numa.model import (
+    AllocatableResources,
+    ContainerDevices,
+    ContainerMemory,
+    ContainerResources,
+    PodResources,
+)
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
@@ -26,42 +32,6 @@ from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 _Response = TypeVar("_Response")
-
-
-@dataclass(frozen=True)
-class ContainerDevices:
-    resource_name: str
-    device_ids: tuple[str, ...]
-    numa_ids: tuple[int, ...]  # sorted, without repeats; empty when the device has no NUMA affinity
-
-
-@dataclass(frozen=True)
-class ContainerMemory:
-    memory_type: str  # "memory" or "hugepages-<size>"
-    size: int  # bytes
-    numa_ids: tuple[int, ...]  # sorted, without repeats
-
-
-@dataclass(frozen=True)
-class ContainerResources:
-    name: str
-    cpu_ids: frozenset[int]  # exclusive CPUs only; empty for containers in the shared pool
-    devices: tuple[ContainerDevices, ...]
-    memory: tuple[ContainerMemory, ...]
-
-
-@dataclass(frozen=True)
-class PodResources:
-    name: str
-    namespace: str
-    containers: tuple[ContainerResources, ...]
-
-
-@dataclass(frozen=True)
-class AllocatableResources:
-    cpu_ids: frozenset[int]
-    devices: tuple[ContainerDevices, ...]
-    memory: tuple[ContainerMemory, ...]
 
 
 def rpc_failure(exc: grpc.RpcError, what: str) -> SourceUnavailable:

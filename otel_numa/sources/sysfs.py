@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from otel_numa.model import HugepagePool, NodeMemory, NumaNode, Topology
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import format_cpulist, parse_cpulist, parse_cpumask
 from otel_numa.sources.procfs import MAX_AMOUNT, parse_meminfo, read_meminfo
@@ -50,49 +51,6 @@ _NUMASTAT_NAMES = {
 
 # Overlap sets already warned about, so that a buggy firmware is reported once per process.
 _reported_overlaps: set[frozenset[int]] = set()
-
-
-@dataclass(frozen=True, slots=True)
-class NumaNode:
-    id: int
-    cpus: frozenset[int]
-    # target node id -> distance, in the order of the online node ids (10 = local); empty when unknown
-    distances: Mapping[int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Topology:
-    nodes: tuple[NumaNode, ...]  # sorted by id
-    online_cpus: frozenset[int]
-    # False when the kernel has no devices/system/node: one synthetic node 0 holds every online CPU
-    numa_enabled: bool
-    # CPUs that more than one node's cpulist claims (buggy firmware); reported as the kernel states them
-    overlapping_cpus: frozenset[int]
-
-    @property
-    def node_ids(self) -> tuple[int, ...]:
-        return tuple(node.id for node in self.nodes)
-
-    def node(self, node_id: int) -> NumaNode:
-        """The node with this id (``KeyError`` when there is none)."""
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        raise KeyError(node_id)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeMemory:
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class HugepagePool:
-    size_kib: int
-    total_pages: int
-    free_pages: int
 
 
 def node_path(sysfs_root: Path, node_id: int) -> Path:

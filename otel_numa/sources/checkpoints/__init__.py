@@ -7,27 +7,23 @@ whose checksum matches no layout raises :class:`SourceCorrupt`, with ``error_typ
 ``too_large``. Nothing but :class:`SourceError` escapes, whatever the bytes.
 """
 
-from otel_numa.sources.checkpoints.cpu_manager import (
+from otel_numa.model import (
     CpuManagerState,
-    parse_cpu_manager_state,
-    read_cpu_manager_state,
-)
-from otel_numa.sources.checkpoints.device_manager import (
-    NO_NUMA_AFFINITY,
     DeviceEntry,
     DeviceManagerState,
-    parse_device_checkpoint,
-    read_device_checkpoint,
-)
-from otel_numa.sources.checkpoints.dra import DraManagerState, parse_dra_checkpoint, read_dra_checkpoint
-from otel_numa.sources.checkpoints.memory_manager import (
     MemoryBlock,
     MemoryManagerState,
     MemoryTable,
     NumaMemoryState,
-    parse_memory_manager_state,
-    read_memory_manager_state,
 )
+from otel_numa.sources.checkpoints.cpu_manager import parse_cpu_manager_state, read_cpu_manager_state
+from otel_numa.sources.checkpoints.device_manager import (
+    NO_NUMA_AFFINITY,
+    parse_device_checkpoint,
+    read_device_checkpoint,
+)
+from otel_numa.sources.checkpoints.dra import DraManagerState, parse_dra_checkpoint, read_dra_checkpoint
+from otel_numa.sources.checkpoints.memory_manager import parse_memory_manager_state, read_memory_manager_state
 
 __all__ = [
     "NO_NUMA_AFFINITY",

@@ -16,10 +16,9 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from otel_numa.model import CpuManagerState
 from otel_numa.sources.checkpoints.common import (
     INVALID_VALUE,
     Layout,
@@ -49,25 +48,6 @@ from otel_numa.sources.checkpoints.gojson import (
 from otel_numa.sources.errors import SourceCorrupt, SourceError
 
 WHAT = "cpu_manager_state"
-
-
-@dataclass(frozen=True, slots=True)
-class CpuManagerState:
-    """A verified CPU manager checkpoint.
-
-    ``entries`` maps pod UID -> container name -> exclusive CPUs. In a v1 file
-    (``entries_keyed_by_container_id``) the keys are container ids, each mapping the empty container name
-    to its CPUs: they match no pod UID. ``pod_entries`` (v3, v4) maps pod UID -> the pod's CPU pool.
-    Entries of deleted pods stay until the kubelet's next allocation: callers drop those of dead pods.
-    """
-
-    policy_name: str
-    default_cpu_set: frozenset[int]
-    entries: Mapping[str, Mapping[str, frozenset[int]]]
-    layout: str = "v2"
-    entries_keyed_by_container_id: bool = False
-    pod_entries: Mapping[str, frozenset[int]] = field(default_factory=dict)
-    checksum_verified: bool = True
 
 
 # ----------------------------------------------------------------------------------------- Go types

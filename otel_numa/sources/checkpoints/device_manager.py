@@ -15,11 +15,10 @@ does not accept a zero checksum.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+from otel_numa.model import DeviceEntry, DeviceManagerState
 from otel_numa.sources.checkpoints.common import (
     Layout,
     Verified,
@@ -46,30 +45,6 @@ from otel_numa.sources.errors import SourceCorrupt, SourceError
 WHAT = "device manager checkpoint"
 
 NO_NUMA_AFFINITY = -1
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceEntry:
-    """The devices of one resource allocated to one container.
-
-    ``devices_by_numa`` maps a NUMA node id to device ids, ``-1`` meaning no NUMA affinity. A v1 file
-    (Kubernetes <= 1.19) records no NUMA node at all: its devices are all filed under ``-1`` (the kubelet
-    itself, converting such a file, files them under node 0, which would be a guess).
-    """
-
-    pod_uid: str
-    container_name: str
-    resource_name: str
-    devices_by_numa: Mapping[int, tuple[str, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceManagerState:
-    """A verified device checkpoint: entries in file order, and device ids per registered resource."""
-
-    entries: tuple[DeviceEntry, ...]
-    registered_devices: Mapping[str, tuple[str, ...]]
-    layout: str = "v2"
 
 
 # ----------------------------------------------------------------------------------------- Go types

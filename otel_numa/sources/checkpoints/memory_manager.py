@@ -15,11 +15,10 @@ builds, ``MemoryManagerCheckpointV1``/``V2``). A stored checksum of 0 is accepte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+from otel_numa.model import MemoryBlock, MemoryManagerState, MemoryTable, NumaMemoryState
 from otel_numa.sources.checkpoints.common import (
     INVALID_VALUE,
     Layout,
@@ -50,49 +49,6 @@ from otel_numa.sources.checkpoints.gojson import (
 from otel_numa.sources.errors import SourceCorrupt, SourceError
 
 WHAT = "memory_manager_state"
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryTable:
-    """One resource on one NUMA node, in bytes (hugepages too): ``reserved`` is what containers hold."""
-
-    total: int
-    system_reserved: int
-    allocatable: int
-    reserved: int
-    free: int
-
-
-@dataclass(frozen=True, slots=True)
-class NumaMemoryState:
-    """``memory_map`` keys are resource names: ``memory``, ``hugepages-2Mi``, ``hugepages-1Gi``, ..."""
-
-    number_of_assignments: int
-    cells: tuple[int, ...]
-    memory_map: Mapping[str, MemoryTable]
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryBlock:
-    numa_affinity: tuple[int, ...]
-    resource: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryManagerState:
-    """A verified memory manager checkpoint.
-
-    ``entries`` maps pod UID -> container name -> blocks; ``pod_entries`` (v2, v3) maps pod UID -> the
-    pod's blocks. Entries of deleted pods stay until the kubelet's next allocation: callers drop them.
-    """
-
-    policy_name: str
-    machine_state: Mapping[int, NumaMemoryState]
-    entries: Mapping[str, Mapping[str, tuple[MemoryBlock, ...]]]
-    layout: str = "v2"
-    pod_entries: Mapping[str, tuple[MemoryBlock, ...]] = field(default_factory=dict)
-    checksum_verified: bool = True
 
 
 # ----------------------------------------------------------------------------------------- Go types

@@ -13,7 +13,7 @@ as the API defines them (every set field must match). Unknown ids answer NOT_FOU
 
 In a separate process (prints ``ready`` once it listens; SIGTERM stops it)::
 
-    python -m tests.support.cri_server --socket /tmp/x/containerd.sock --state state.json
+    python -m otel_numa.testing.cri_server --socket /tmp/x/containerd.sock --state state.json
 
 where ``state.json`` is ``{"sandboxes": [<PodSandbox in protobuf JSON>], "containers":
 [{"container": <Container in protobuf JSON>, "env": {"NAME": "value"}}], "info_style": "containerd"}``.
@@ -33,7 +33,7 @@ from google.protobuf import json_format
 
 from otel_numa.proto import cri_runtime_v1_pb2 as pb
 from otel_numa.proto import cri_runtime_v1_pb2_grpc as pb_grpc
-from tests.support.podresources_server import UnixGrpcServer, run_until_signalled
+from otel_numa.testing.podresources_server import UnixGrpcServer, run_until_signalled
 
 InfoStyle = Literal["containerd", "crio"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "hwloc"
+SNAPSHOT_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hwloc"
 LSTOPO_NAMES = ("lstopo-no-graphics", "lstopo")
 
 

@@ -8,9 +8,10 @@ resources. Scale and fault tests and the benchmarks share it::
     agent = Agent(Settings(**node.settings_values()))
     node.write_checkpoints(generation=1)                   # every checkpoint changes (valid checksums)
 
-The files come from the existing builders (:mod:`tests.support.sysfs_tree`, :mod:`tests.support.checkpoints`,
-:mod:`tests.support.cgroup_tree`); this module only plans who gets what. The plan is also returned as
-plain numbers (:class:`ExpectedAllocation`), so a test can check the agent's series against it.
+The files come from the existing builders (:mod:`otel_numa.testing.sysfs_tree`,
+:mod:`otel_numa.testing.checkpoints`, :mod:`otel_numa.testing.cgroup_tree`); this module only plans who
+gets what. The plan is also returned as plain numbers (:class:`ExpectedAllocation`), so a test can check
+the agent's series against it.
 
 Placement: container ``c`` (global index, pods in order) is pinned to one exclusive CPU on NUMA node
 ``(c + generation) % numa_nodes``, the first ``reserved_cpus_per_node`` CPUs of every node forming the
@@ -28,16 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, NumaMemoryState
-from otel_numa.sources.checkpoints.memory_manager import MemoryTable
-from tests.support.cgroup_tree import FakePod, make_pods, write_cgroup_tree
-from tests.support.checkpoints import (
+from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
+from otel_numa.testing.cgroup_tree import FakePod, make_pods, write_cgroup_tree
+from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     memory_manager_state_bytes,
     write_atomically,
 )
-from tests.support.sysfs_tree import NodeSpec, write_machine
+from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
 
 KIB = 1024
 MIB = 1024 * KIB

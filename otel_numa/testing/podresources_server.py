@@ -13,7 +13,7 @@ In a test::
 
 In a separate process (prints ``ready`` once it listens; SIGTERM stops it)::
 
-    python -m tests.support.podresources_server --socket /tmp/x/kubelet.sock --state state.json
+    python -m otel_numa.testing.podresources_server --socket /tmp/x/kubelet.sock --state state.json
 
 where ``state.json`` is ``{"pods": [<PodResources in protobuf JSON>], "allocatable":
 <AllocatableResourcesResponse in protobuf JSON>}``.

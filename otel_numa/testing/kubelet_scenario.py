@@ -7,7 +7,7 @@ Typical use::
     text = scenario.exposition()                      # in-process agent, one collection
     series(text, "numa_cpu_allocated")                # {frozenset(labels): value}
 
-The checkpoints themselves are written with :mod:`tests.support.checkpoints`. The exposition text is
+The checkpoints themselves are written with :mod:`otel_numa.testing.checkpoints`. The exposition text is
 read back with prometheus_client's own parser, so tests see what a Prometheus server would scrape.
 """
 
@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_numa.agent import Agent
 from otel_numa.settings import Settings
-from tests.support.peers import agent_command
-from tests.support.sysfs_tree import NodeSpec, write_machine
+from otel_numa.testing.peers import agent_command
+from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
 
 NODE_NAME = "scenario-node"
 

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from otel_numa.sources.checkpoints import DeviceEntry, MemoryBlock, NumaMemoryState
+from otel_numa.model import DeviceEntry, MemoryBlock, NumaMemoryState
 from otel_numa.sources.files import format_cpulist
 
 

@@ -1,0 +1,323 @@
+"""The typed values that flow between the agent's layers: sources -> accounting -> snapshot -> instruments.
+
+Plain immutable dataclasses, no I/O and no third-party imports, so that every layer (and a test) can use
+them without pulling in gRPC, OpenTelemetry or a file reader. Sources produce the machine and kubelet
+values; accounting turns them into allocation and per-container usage; the snapshot holds the results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
+CgroupLayout = Literal["v1", "v2"]
+HugepageKey = tuple[int, str]  # (numa id, k8s.hugepage.size)
+DeviceKey = tuple[int, str]  # (numa id, numa.resource.name)
+PodName = tuple[str, str]  # (namespace, name)
+
+
+# Machine ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    id: int
+    cpus: frozenset[int]
+    # target node id -> distance, in the order of the online node ids (10 = local); empty when unknown
+    distances: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    nodes: tuple[NumaNode, ...]  # sorted by id
+    online_cpus: frozenset[int]
+    # False when the kernel has no devices/system/node: one synthetic node 0 holds every online CPU
+    numa_enabled: bool
+    # CPUs that more than one node's cpulist claims (buggy firmware); reported as the kernel states them
+    overlapping_cpus: frozenset[int]
+
+    @property
+    def node_ids(self) -> tuple[int, ...]:
+        return tuple(node.id for node in self.nodes)
+
+    def node(self, node_id: int) -> NumaNode:
+        """The node with this id (``KeyError`` when there is none)."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMemory:
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HugepagePool:
+    size_kib: int
+    total_pages: int
+    free_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class MachineUsage:
+    topology: Topology
+    memory: Mapping[int, NodeMemory]
+    hugepages: Mapping[int, tuple[HugepagePool, ...]]
+    numastat: Mapping[int, Mapping[str, int]]
+    cpu_time: Mapping[int, Mapping[str, float]]  # numa id -> cpu.mode -> seconds
+
+
+# The kubelet's checkpoints ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CpuManagerState:
+    """A verified CPU manager checkpoint.
+
+    ``entries`` maps pod UID -> container name -> exclusive CPUs. In a v1 file
+    (``entries_keyed_by_container_id``) the keys are container ids, each mapping the empty container name
+    to its CPUs: they match no pod UID. ``pod_entries`` (v3, v4) maps pod UID -> the pod's CPU pool.
+    Entries of deleted pods stay until the kubelet's next allocation: callers drop those of dead pods.
+    """
+
+    policy_name: str
+    default_cpu_set: frozenset[int]
+    entries: Mapping[str, Mapping[str, frozenset[int]]]
+    layout: str = "v2"
+    entries_keyed_by_container_id: bool = False
+    pod_entries: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    checksum_verified: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTable:
+    """One resource on one NUMA node, in bytes (hugepages too): ``reserved`` is what containers hold."""
+
+    total: int
+    system_reserved: int
+    allocatable: int
+    reserved: int
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class NumaMemoryState:
+    """``memory_map`` keys are resource names: ``memory``, ``hugepages-2Mi``, ``hugepages-1Gi``, ..."""
+
+    number_of_assignments: int
+    cells: tuple[int, ...]
+    memory_map: Mapping[str, MemoryTable]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBlock:
+    numa_affinity: tuple[int, ...]
+    resource: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryManagerState:
+    """A verified memory manager checkpoint.
+
+    ``entries`` maps pod UID -> container name -> blocks; ``pod_entries`` (v2, v3) maps pod UID -> the
+    pod's blocks. Entries of deleted pods stay until the kubelet's next allocation: callers drop them.
+    """
+
+    policy_name: str
+    machine_state: Mapping[int, NumaMemoryState]
+    entries: Mapping[str, Mapping[str, tuple[MemoryBlock, ...]]]
+    layout: str = "v2"
+    pod_entries: Mapping[str, tuple[MemoryBlock, ...]] = field(default_factory=dict)
+    checksum_verified: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """The devices of one resource allocated to one container.
+
+    ``devices_by_numa`` maps a NUMA node id to device ids, ``-1`` meaning no NUMA affinity. A v1 file
+    (Kubernetes <= 1.19) records no NUMA node at all: its devices are all filed under ``-1`` (the kubelet
+    itself, converting such a file, files them under node 0, which would be a guess).
+    """
+
+    pod_uid: str
+    container_name: str
+    resource_name: str
+    devices_by_numa: Mapping[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceManagerState:
+    """A verified device checkpoint: entries in file order, and device ids per registered resource."""
+
+    entries: tuple[DeviceEntry, ...]
+    registered_devices: Mapping[str, tuple[str, ...]]
+    layout: str = "v2"
+
+
+# The podresources API -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+    numa_ids: tuple[int, ...]  # sorted, without repeats; empty when the device has no NUMA affinity
+
+
+@dataclass(frozen=True)
+class ContainerMemory:
+    memory_type: str  # "memory" or "hugepages-<size>"
+    size: int  # bytes
+    numa_ids: tuple[int, ...]  # sorted, without repeats
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    name: str
+    cpu_ids: frozenset[int]  # exclusive CPUs only; empty for containers in the shared pool
+    devices: tuple[ContainerDevices, ...]
+    memory: tuple[ContainerMemory, ...]
+
+
+@dataclass(frozen=True)
+class PodResources:
+    name: str
+    namespace: str
+    containers: tuple[ContainerResources, ...]
+
+
+@dataclass(frozen=True)
+class AllocatableResources:
+    cpu_ids: frozenset[int]
+    devices: tuple[ContainerDevices, ...]
+    memory: tuple[ContainerMemory, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesView:
+    """One good answer of the podresources API; ``allocatable`` is None when the kubelet lacks the call."""
+
+    pods: tuple[PodResources, ...]
+    allocatable: AllocatableResources | None
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedPodResources:
+    """A :class:`PodResourcesView` with its pods keyed by UID where the join succeeded."""
+
+    by_uid: Mapping[str, PodResources]
+    unjoined: tuple[PodResources, ...]
+    allocatable: AllocatableResources | None
+
+    @property
+    def all_pods(self) -> tuple[PodResources, ...]:
+        return (*self.by_uid.values(), *self.unjoined)
+
+
+# Kubelet state and allocation ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletState:
+    """The kubelet's checkpoints (each ``None`` when absent or rejected this round) and who is alive."""
+
+    cpu: CpuManagerState | None = None
+    memory: MemoryManagerState | None = None
+    devices: DeviceManagerState | None = None
+    # UIDs of pods that exist (podresources' answer, else <kubelet-root>/pods/); None: unknown, keep all
+    live_pods: frozenset[str] | None = None
+    pod_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
+    # podresources' allocatable view; it wins over what the checkpoints and settings imply
+    allocatable_cpus: frozenset[int] | None = None
+    allocatable_devices: Mapping[DeviceKey, int] | None = None
+    # podresources' answer joined to UIDs (see otel_numa.join); where it disagrees with a checkpoint it wins
+    podresources: JoinedPodResources | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    pod_uid: str
+    container_name: str
+    pod_name: str | None = None
+    namespace: str | None = None
+    # opt-in runtime enrichment put straight on the per-container series (enrich_mode=attributes)
+    extra_attributes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    container: ContainerRef
+    cpus: Mapping[int, int] = field(default_factory=dict)
+    memory_bytes: Mapping[int, int] = field(default_factory=dict)
+    hugepages_bytes: Mapping[HugepageKey, int] = field(default_factory=dict)
+    devices: Mapping[DeviceKey, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What the kubelet may hand out and has handed out; ``None`` means unknown (no series), never 0."""
+
+    cpu_allocatable: Mapping[int, int] | None = None
+    cpu_allocated: Mapping[int, int] | None = None
+    memory_allocatable: Mapping[int, int] | None = None
+    memory_allocated: Mapping[int, int] | None = None
+    hugepages_allocatable: Mapping[HugepageKey, int] | None = None
+    hugepages_allocated: Mapping[HugepageKey, int] | None = None
+    device_capacity: Mapping[DeviceKey, int] | None = None
+    device_allocated: Mapping[DeviceKey, int] | None = None
+    containers: tuple[ContainerAllocation, ...] = ()
+    # (pod uid, container) whose checkpoint allocation differs from podresources' (which won)
+    disagreements: frozenset[tuple[str, str]] = frozenset()
+    # (pod uid, container) -> enrichment attributes of numa.container.info (opt-in, from the runtime)
+    container_info: Mapping[tuple[str, str], Mapping[str, str]] | None = None
+
+
+# Containers' usage --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerIdentity:
+    pod_name: str
+    namespace: str
+    container_name: str
+    container_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerNumaUsage:
+    pod_uid: str
+    container_id: str
+    # memory type (anon, file, kernel_stack, shmem, ...) -> NUMA node id -> bytes.
+    # v1 kernels report only anon, file and unevictable; "total" is a sum, not a type.
+    memory_by_type: Mapping[str, Mapping[int, int]]
+    cpus: frozenset[int] | None  # effective cpuset; None when the cpuset controller is not there
+    mems: frozenset[int] | None
+    cpu_time_s: float | None  # CPU time of the container since it started; None when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTimeSplit:
+    """A container's CPU time as last read, and its running per-node totals."""
+
+    total_s: float
+    by_node: Mapping[int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    container: ContainerRef
+    container_id: str
+    memory_by_type: Mapping[str, Mapping[int, int]]  # exported types only, no zeros: type -> node -> bytes
+    cpu_nodes: frozenset[int] | None  # nodes holding the effective CPUs; None when unknown
+    memory_nodes: frozenset[int] | None  # effective cpuset.mems; None when unknown
+    intended_nodes: frozenset[int] | None  # None: not confined, so no locality
+    locality: float | None
+    cpu_time_by_node: Mapping[int, float] = field(default_factory=dict)

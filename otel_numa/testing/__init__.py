@@ -1,0 +1,1 @@
+"""Test support: tree generators, test servers and real peers for the tests and benchmarks (not shipped)."""
