@@ -204,7 +204,7 @@ def main() -> None:
                 timed(agent.store.refresh, rounds, before=kubelet_rewrites_cpu_state),
             )
         )
-        pipeline = build_pipeline(agent.settings, agent.store, exporters=("prometheus",))
+        pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
         assert pipeline.registry is not None
         registry = pipeline.registry
         exposition = generate_latest(registry)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from otel_numa.model import (
@@ -13,6 +13,7 @@ from otel_numa.model import (
     ContainerMemory,
     ContainerRef,
     ContainerResources,
+    CpuManagerState,
     DeviceKey,
     HugepageKey,
     JoinedPodResources,
@@ -30,11 +31,36 @@ def hugepage_size_label(size_kib: int) -> str:
 
 
 def cpus_per_node(cpus: frozenset[int], topology: Topology) -> dict[int, int]:
-    """How many of ``cpus`` each node holds (every node listed, 0 included)."""
-    return {node.id: len(cpus & node.cpus) for node in topology.nodes}
+    """How many of ``cpus`` each node holds (every node whose CPUs are known listed, 0 included)."""
+    return {node.id: len(cpus & node.cpus) for node in topology.nodes if node.cpus_known}
 
 
 # Allocation from the kubelet's checkpoints ------------------------------------------------------
+
+
+def is_live(state: KubeletState) -> Callable[[str], bool]:
+    """Whether a pod UID is alive; every pod is, when the live set is unknown."""
+    live_pods = state.live_pods
+    return (lambda _uid: True) if live_pods is None else live_pods.__contains__
+
+
+def exclusive_cpus(
+    cpu: CpuManagerState | None, live: Callable[[str], bool], replaced: Container[str] = frozenset()
+) -> frozenset[int]:
+    """The exclusive CPUs of live pods in the cpu manager checkpoint, but for containers of ``replaced``
+    pods (podresources gives theirs). A v1 file (<= 1.17) keys entries by container id: all are counted.
+    v3 pod-level CPU sets are exclusive too (a union: they may overlap their containers' sets)."""
+    if cpu is None:
+        return frozenset()
+    found: set[int] = set()
+    for owner, by_container in cpu.entries.items():
+        if cpu.entries_keyed_by_container_id or (live(owner) and owner not in replaced):
+            for cpus in by_container.values():
+                found |= cpus
+    for owner, cpus in cpu.pod_entries.items():
+        if live(owner):
+            found |= cpus
+    return frozenset(found)
 
 
 def device_numa(numa_ids: Iterable[int]) -> int:
@@ -46,11 +72,12 @@ def device_numa(numa_ids: Iterable[int]) -> int:
 def compute_allocation(
     state: KubeletState, topology: Topology, reserved_cpus: frozenset[int] | None
 ) -> Allocation:
-    """Per-NUMA and per-container allocation; quantities that cannot be known stay ``None``."""
+    """Per-NUMA and per-container allocation; quantities that cannot be known stay ``None``.
 
-    def live(uid: str) -> bool:
-        return state.live_pods is None or uid in state.live_pods
-
+    With a podresources answer the per-NUMA CPU and device totals are computed once, over both sources
+    (:func:`apply_podresources`); without one, from the checkpoints alone.
+    """
+    live = is_live(state)
     containers: dict[tuple[str, str], _ContainerTotals] = {}
 
     def totals(uid: str, name: str) -> _ContainerTotals:
@@ -102,7 +129,7 @@ def _cpu_allocatable(
     if state.allocatable_cpus is not None:
         return cpus_per_node(state.allocatable_cpus, topology)
     if reserved_cpus is not None:
-        return {node.id: len(node.cpus - reserved_cpus) for node in topology.nodes}
+        return {node.id: len(node.cpus - reserved_cpus) for node in topology.nodes if node.cpus_known}
     return None
 
 
@@ -114,25 +141,17 @@ def _cpu_allocated(
 ) -> dict[int, int] | None:
     if state.cpu is None:
         return None
-    exclusive: set[int] = set()
     for owner, by_container in state.cpu.entries.items():
         # v1 (<= 1.17) keys entries by container id: no pod UID, no liveness check, no per-container series
-        if state.cpu.entries_keyed_by_container_id:
-            for cpus in by_container.values():
-                exclusive |= cpus
-            continue
-        if not live(owner):
+        if state.cpu.entries_keyed_by_container_id or not live(owner):
             continue
         for container, cpus in by_container.items():
-            exclusive |= cpus
             per_node = {numa: count for numa, count in cpus_per_node(cpus, topology).items() if count}
             if per_node:
                 totals(owner, container).cpus.update(per_node)
-    # v3 pod-level CPU sets are exclusive too (a union: they may overlap their containers' sets)
-    for owner, cpus in state.cpu.pod_entries.items():
-        if live(owner):
-            exclusive |= cpus
-    return cpus_per_node(frozenset(exclusive), topology)
+    if state.podresources is not None:
+        return None  # apply_podresources counts them once, over both sources
+    return cpus_per_node(exclusive_cpus(state.cpu, live), topology)
 
 
 _HUGEPAGES_PREFIX = "hugepages-"
@@ -300,9 +319,7 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
     """
     joined = state.podresources
     assert joined is not None
-
-    def live(uid: str) -> bool:
-        return state.live_pods is None or uid in state.live_pods
+    live = is_live(state)
 
     from_api: dict[tuple[str, str], ContainerAllocation] = {}
     for uid, pod in joined.by_uid.items():
@@ -319,15 +336,7 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
     kept = {key: c for key, c in from_checkpoints.items() if key[0] not in joined.by_uid}
     containers = tuple(c for _key, c in sorted({**kept, **from_api}.items()))
 
-    exclusive: set[int] = set()
-    if state.cpu is not None:
-        for owner, by_container in state.cpu.entries.items():
-            if state.cpu.entries_keyed_by_container_id or (live(owner) and owner not in joined.by_uid):
-                for cpus in by_container.values():
-                    exclusive |= cpus
-        for owner, cpus in state.cpu.pod_entries.items():
-            if live(owner):
-                exclusive |= cpus
+    exclusive = set(exclusive_cpus(state.cpu, live, replaced=joined.by_uid))
     device_groups: list[ContainerDevices] = []
     if state.devices is not None:
         for entry in state.devices.entries:

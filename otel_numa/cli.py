@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 import yaml
@@ -17,6 +15,7 @@ from pydantic import ValidationError
 
 from otel_numa import __version__
 from otel_numa.logs import setup_logging
+from otel_numa.serve import exec_serve, run
 from otel_numa.settings import Settings
 
 EXIT_BAD_CONFIG = 2
@@ -47,11 +46,25 @@ def _parser() -> argparse.ArgumentParser:
     add("--exporter", dest="exporters", action="append", metavar="NAME", help="prometheus, otlp, console")
     add("--prometheus-address", metavar="HOST:PORT")
     add("--health-address", metavar="HOST:PORT", help="/healthz and /readyz; 'none' disables")
+    add("--tls-cert-file", metavar="FILE", help="serve the Prometheus page over TLS only; re-read on change")
+    add("--tls-key-file", metavar="FILE", help="the certificate's private key (PEM)")
+    add("--tls-client-ca-file", metavar="FILE", help="require client certificates signed by this CA (mTLS)")
     add("--otlp-endpoint", metavar="URL")
     add("--otlp-protocol", metavar="grpc|http/protobuf")
     add("--interval", metavar="SECONDS")
     add("--compat", metavar="numainfo")
     add("--disable", action="append", metavar="GROUP", help="switch off a metric group (repeatable)")
+    add(
+        "--metrics-exclude",
+        action="append",
+        metavar="GLOB",
+        help="switch off metrics by OTel or Prometheus name, shell globs (repeatable); their sources too",
+    )
+    add(
+        "--container-memory-types",
+        metavar="LIST",
+        help="numa.container.memory.usage types, e.g. anon,file (default) or anon,file,kernel_stack,shmem",
+    )
     add("--log-level", metavar="LEVEL")
     add("--cri-socket", metavar="auto|none|PATH", help="runtime socket for opt-in enrichment")
     add("--enrich-pod-label", dest="enrich_pod_labels", action="append", metavar="KEY", help="repeatable")
@@ -77,7 +90,20 @@ def load_settings(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
         error = exc.errors()[0]
         name = _setting_name(str(error["loc"][0])) if error["loc"] else "settings"
         _die(f"invalid setting {name}: {error['msg']}")
+    _check_tls_files(settings)
     return settings, bool(args.once)
+
+
+def _check_tls_files(settings: Settings) -> None:
+    """Unusable TLS files are a bad setting, reported before anything starts."""
+    if settings.tls is None:
+        return
+    from otel_numa.http_server import TlsFileError, load_server_context
+
+    try:
+        load_server_context(settings.tls)
+    except TlsFileError as exc:
+        _die(f"invalid setting {exc.setting}: {exc}")
 
 
 def _setting_name(location: str) -> str:
@@ -106,29 +132,17 @@ def _die(message: str) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings, once = load_settings(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    settings, once = load_settings(args)
+    options = settings.to_options()
     setup_logging(settings.log_level)
-    from otel_numa.agent import Agent  # after logging, so import-time warnings are formatted
-
-    agent = Agent(settings)
     if once:
-        sys.stdout.buffer.write(agent.exposition_once())
+        from otel_numa.agent import Agent  # after logging, so import-time warnings are formatted
+
+        sys.stdout.buffer.write(Agent(options).exposition_once())
         sys.stdout.flush()
         return 0
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        agent.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        agent.start()
-    except OSError as exc:  # e.g. the Prometheus port is taken
-        log.error("cannot start: %s", exc)
-        agent.stop(timeout_s=1)
-        return 1
-    agent.wait()
-    agent.stop()
-    log.info("stopped")
-    return 0
+    if argv is not None:  # called in-process (tests, embedding): serve here
+        return run(options)
+    exec_serve(options, args)
+    return 1  # not reached: exec replaced the process

@@ -5,14 +5,14 @@ pydantic-settings validates every source the same way, so a bad value names its 
 
 from __future__ import annotations
 
-import enum
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -21,23 +21,26 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from otel_numa import catalogue
+from otel_numa.catalogue import MetricGroup, Source
+from otel_numa.options import (
+    AgentOptions,
+    CgroupOptions,
+    ExportOptions,
+    KubeletOptions,
+    MachineOptions,
+    MachinePart,
+    PodResourcesOptions,
+    RuntimeOptions,
+    TlsOptions,
+)
 from otel_numa.sources.errors import SourceError
 from otel_numa.sources.files import parse_cpulist
 
+_MEMORY_TYPE = re.compile(r"[a-z][a-z0-9_]*")
+
 ExporterName = Literal["prometheus", "otlp", "console"]
 OtlpProtocol = Literal["grpc", "http/protobuf"]
-
-
-class MetricGroup(enum.StrEnum):
-    """Groups of series an operator can switch off, like node_exporter's ``--no-collector.<name>``."""
-
-    TOPOLOGY = "topology"  # node count, capacities
-    DISTANCES = "distances"  # numa.node.distance (n^2 series)
-    USAGE = "usage"  # cpu time, memory used/free, free hugepages, numastat
-    ALLOCATION = "allocation"  # per-NUMA allocatable/allocated from the kubelet
-    CONTAINERS = "containers"  # per-container series (the cardinality driver)
-    CONTAINER_USAGE = "container_usage"  # per-container NUMA usage and locality from cgroups
-    HEALTH = "health"  # the agent's own source errors and data age
 
 
 def _split_list(value: Any) -> Any:
@@ -89,6 +92,10 @@ class Settings(BaseSettings):
     )
     prometheus_address: str = "0.0.0.0:9464"
     health_address: str = "0.0.0.0:9465"
+    # The Prometheus page over TLS only (certificate and key together); a client CA makes it mTLS.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = Field(default=None, validate_default=True)
+    tls_client_ca_file: Path | None = None
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -105,6 +112,11 @@ class Settings(BaseSettings):
     disable: Annotated[frozenset[MetricGroup], NoDecode] = frozenset()
     # Upper bound of attribute sets per instrument: 1,000 containers x 16 NUMA nodes x 4 memory types + room.
     cardinality_limit: int = Field(default=100_000, ge=100)
+    # per-metric switches: OTel or Prometheus names, shell globs; the work behind a metric stops too
+    metrics_exclude: Annotated[frozenset[str], NoDecode] = frozenset()
+    # numa.container.memory.usage types (the cardinality driver): every type adds a series per container
+    # and node. v2 anon, file, kernel_stack, shmem, ...; v1 anon, file, unevictable.
+    container_memory_types: Annotated[frozenset[str], NoDecode] = frozenset({"anon", "file"})
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Opt-in enrichment from the container runtime (CRI): "none" (off), "auto" (containerd or CRI-O) or a path
     cri_socket: str = "none"
@@ -126,6 +138,21 @@ class Settings(BaseSettings):
     @classmethod
     def _disable_list(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("metrics_exclude", mode="before")
+    @classmethod
+    def _exclude_list(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("container_memory_types", mode="before")
+    @classmethod
+    def _memory_types(cls, value: Any) -> Any:
+        items = _split_list(value)
+        if isinstance(items, list):
+            bad = [item for item in items if not _MEMORY_TYPE.fullmatch(item)]
+            if bad or not items:
+                raise ValueError(f"expected memory.numa_stat type names such as anon,file; got {value!r}")
+        return items
 
     @field_validator("enrich_pod_labels", "enrich_pod_annotations", "enrich_env", mode="before")
     @classmethod
@@ -150,6 +177,29 @@ class Settings(BaseSettings):
         if value.lower() == "none":
             return "none"
         parse_host_port(value)
+        return value
+
+    @field_validator("tls_cert_file", "tls_key_file", "tls_client_ca_file", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value: Any) -> Any:
+        # An empty environment variable (a chart value left blank) means "not set", not the current directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("tls_key_file")
+    @classmethod
+    def _key_with_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        has_certificate = info.data.get("tls_cert_file") is not None
+        if value is None and has_certificate:
+            raise ValueError("tls_cert_file is set, so tls_key_file is needed too")
+        if value is not None and not has_certificate:
+            raise ValueError("tls_key_file is set, so tls_cert_file is needed too")
+        return value
+
+    @field_validator("tls_client_ca_file")
+    @classmethod
+    def _client_ca_with_certificate(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("tls_cert_file") is None:
+            raise ValueError("client certificates need TLS: set tls_cert_file and tls_key_file too")
         return value
 
     @field_validator("otlp_endpoint")
@@ -203,8 +253,105 @@ class Settings(BaseSettings):
             url = url.rstrip("/") + "/v1/metrics"
         return url
 
+    @property
+    def tls(self) -> TlsOptions | None:
+        """The Prometheus page's TLS files; None: plain HTTP."""
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        return TlsOptions(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
+
     def enabled(self, group: MetricGroup) -> bool:
         return group not in self.disable
+
+    def to_options(self) -> AgentOptions:
+        """The plain options the agent runs from; sources no enabled metric needs are left out."""
+        metrics = [
+            spec
+            for spec in catalogue.select(self.disable, self.metrics_exclude, compat=self.compat == "numainfo")
+            if spec.name != INFO_METRIC or (self.cri_socket.lower() != "none" and self.enrich_mode == "info")
+        ]
+        names = {spec.name for spec in metrics}
+        sources = catalogue.sources_of(metrics)
+        checkpoints = sources & {Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER}
+        socket = self.podresources_socket_path
+        per_container = any(spec.group in PER_CONTAINER_GROUPS for spec in metrics)
+        enrich = self.cri_socket.lower() != "none" and (
+            INFO_METRIC in names or (self.enrich_mode == "attributes" and per_container)
+        )
+        return AgentOptions(
+            node_name=self.node_name,
+            interval_s=self.interval,
+            push_min_interval_s=self.push_min_interval,
+            health_address=_address_or_none(self.health_address),
+            metrics=tuple(spec.name for spec in metrics),
+            machine=MachineOptions(
+                self.sysfs_root,
+                self.procfs_root,
+                frozenset(part for metric, part in MACHINE_PARTS if metric in names),
+            ),
+            kubelet=(
+                KubeletOptions(
+                    self.kubelet_root,
+                    self.pod_logs_root,
+                    self.reserved_cpus,
+                    frozenset(str(source) for source in checkpoints),
+                )
+                if checkpoints or Source.PODRESOURCES in sources
+                else None
+            ),
+            podresources=(
+                PodResourcesOptions(socket, self.interval)
+                if socket is not None and Source.PODRESOURCES in sources
+                else None
+            ),
+            runtime=(
+                RuntimeOptions(
+                    self.cri_socket,
+                    self.enrich_pod_labels,
+                    self.enrich_pod_annotations,
+                    self.enrich_env,
+                    self.enrich_value_max_length,
+                    self.enrich_mode,
+                )
+                if enrich
+                else None
+            ),
+            cgroups=(
+                CgroupOptions(self.cgroup_root, self.container_logs_root, self.container_memory_types)
+                if Source.CGROUP in sources
+                else None
+            ),
+            export=ExportOptions(
+                exporters=self.exporters,
+                prometheus_address=_address_or_none(self.prometheus_address),
+                otlp_url=self.otlp_url,
+                otlp_protocol=self.otlp_protocol,
+                otlp_timeout_s=self.otlp_timeout,
+                cardinality_limit=self.cardinality_limit,
+                tls=self.tls,
+            ),
+            log_level=self.log_level,
+        )
+
+
+INFO_METRIC = "numa.container.info"
+PER_CONTAINER_GROUPS = frozenset({MetricGroup.CONTAINERS, MetricGroup.CONTAINER_USAGE})
+# The parts of the machine a metric needs read besides the topology (container usage needs to know which
+# nodes have memory).
+MACHINE_PARTS: tuple[tuple[str, MachinePart], ...] = (
+    ("numa.memory.capacity", "memory"),
+    ("numa.memory.usage", "memory"),
+    ("numa.container.memory.locality", "memory"),
+    ("numa.container.cpuset.nodes", "memory"),
+    ("numa.hugepages.capacity", "hugepages"),
+    ("numa.hugepages.free", "hugepages"),
+    ("numa.memory.page.allocations", "numastat"),
+    ("numa.cpu.time", "cpu_time"),
+)
+
+
+def _address_or_none(value: str) -> tuple[str, int] | None:
+    return None if value == "none" else parse_host_port(value)
 
 
 def _config_file_from(init_settings: PydanticBaseSettingsSource) -> Path | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from otel_numa.model import Allocation, ContainerUsage, MachineUsage
 from otel_numa.source_status import SourceReport
+from otel_numa.stages import StageReport
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,9 @@ class Snapshot:
     sources: tuple[SourceReport, ...]
     # per-container NUMA usage from cgroups, joined with the allocation; empty when not read
     container_usage: tuple[ContainerUsage, ...] = ()
+    stages: tuple[StageReport, ...] = ()
+    # whether departed pods' series can be forgotten in this SDK; None: not known (no pipeline)
+    series_forgetting: bool | None = None
 
     def source_ages(self) -> dict[str, float]:
         """Seconds since each source's data was last known good (sources never read are absent)."""

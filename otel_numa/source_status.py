@@ -11,12 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from otel_numa.sources.errors import SourceError, SourceMissing
 
 log = logging.getLogger(__name__)
+
+
+# error.type values every tracked source reports from the start (at 0), so rate() works from the first scrape
+SEEDED_ERROR_TYPES = ("corrupt", "unavailable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,8 @@ class SourceReport:
     last_good: float | None  # monotonic time the data was last confirmed current; None: never
     errors: Mapping[str, int] = field(default_factory=dict)
     present: bool = True
+    last_duration_s: float | None = None  # how long the last read took; None: never timed
+    last_ok: bool | None = None  # whether the last read succeeded; None: never read, or missing
 
 
 class SourceTracker:
@@ -33,12 +40,30 @@ class SourceTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._last_good: float | None = None
-        self._errors: dict[str, int] = {}
+        self._errors: dict[str, int] = dict.fromkeys(SEEDED_ERROR_TYPES, 0)
         self._present = True
         self._logged_failures: set[str] = set()
+        self._last_duration_s: float | None = None
+        self._last_ok: bool | None = None
+        self.used = False  # read at least once: only sources the agent reads are reported
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Records how long the enclosed read took (``numa.agent.source.duration``)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._last_duration_s = time.perf_counter() - start
+
+    def seed(self, error_type: str) -> None:
+        """Report ``error_type`` at 0 from the start."""
+        with self._lock:
+            self._errors.setdefault(error_type, 0)
 
     def succeeded(self) -> None:
         with self._lock:
+            self.used = True
             if not self._present:
                 log.info("source %s is available", self.name)
             elif self._logged_failures:
@@ -46,18 +71,23 @@ class SourceTracker:
             self._present = True
             self._logged_failures.clear()
             self._last_good = self._clock()
+            self._last_ok = True
 
-    def failed(self, error: SourceError) -> None:
+    def failed(self, error: SourceError, *, quiet: bool = False) -> None:
+        """Count ``error`` (a missing source is not counted); ``quiet``: the caller has logged it."""
         with self._lock:
+            self.used = True
             if isinstance(error, SourceMissing):
                 if self._present:
                     log.info("source %s is not available: %s", self.name, error)
                 self._present = False
+                self._last_ok = None
                 return
             self._present = True
+            self._last_ok = False
             self._errors[error.error_type] = self._errors.get(error.error_type, 0) + 1
             message = str(error)
-            if message not in self._logged_failures:
+            if not quiet and message not in self._logged_failures:
                 if len(self._logged_failures) < 100:
                     self._logged_failures.add(message)
                 log.warning(
@@ -66,7 +96,14 @@ class SourceTracker:
 
     def report(self) -> SourceReport:
         with self._lock:
-            return SourceReport(self.name, self._last_good, dict(self._errors), self._present)
+            return SourceReport(
+                self.name,
+                self._last_good,
+                dict(self._errors),
+                self._present,
+                self._last_duration_s,
+                self._last_ok,
+            )
 
 
 class SourceRegistry:
@@ -87,4 +124,4 @@ class SourceRegistry:
     def reports(self) -> tuple[SourceReport, ...]:
         with self._lock:
             trackers = list(self._trackers.values())
-        return tuple(tracker.report() for tracker in trackers)
+        return tuple(tracker.report() for tracker in trackers if tracker.used)

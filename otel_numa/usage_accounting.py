@@ -43,21 +43,19 @@ from otel_numa.model import (
     Topology,
 )
 
-# Memory types exported per container and node: bounded, so that 1,000 containers stay within the
-# instruments' cardinality limit on machines with several nodes. Types may overlap (shmem is part of file).
-EXPORTED_MEMORY_TYPES: Mapping[CgroupLayout, tuple[str, ...]] = {
-    "v2": ("anon", "file", "kernel_stack", "shmem"),
-    "v1": ("anon", "file", "unevictable"),
-}
+# Memory types exported per container and node by default: every type adds a series per container and node
+# (the largest family on a busy node); "file" includes shmem, and anon + file is what locality uses.
+DEFAULT_MEMORY_TYPES = frozenset({"anon", "file"})
+# Resident memory per cgroup version (what locality divides)
 RESIDENT_MEMORY_TYPES: Mapping[CgroupLayout, tuple[str, ...]] = {
     "v2": ("anon", "file"),
     "v1": ("anon", "file", "unevictable"),
 }
 
-# the only types read from the files
-USED_MEMORY_TYPES = frozenset(
-    name for types in (*EXPORTED_MEMORY_TYPES.values(), *RESIDENT_MEMORY_TYPES.values()) for name in types
-)
+
+def memory_types_to_read(exported: frozenset[str]) -> frozenset[str]:
+    """The ``memory.numa_stat`` types a round must parse: the exported ones and those locality needs."""
+    return exported.union(*RESIDENT_MEMORY_TYPES.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +154,7 @@ def join_usage(
     machine: MachineNodes,
     cpu_time: Mapping[str, CpuTimeSplit],
     live_pods: frozenset[str] | None = None,
+    exported: frozenset[str] = DEFAULT_MEMORY_TYPES,
 ) -> tuple[ContainerUsage, ...]:
     """Per-container usage with names, locality and per-node CPU time, sorted by pod UID and name.
 
@@ -166,7 +165,6 @@ def join_usage(
     torn down, and its pod's other series are gone already.
     """
     allocations = {(c.container.pod_uid, c.container.container_name): c for c in allocation.containers}
-    exported = EXPORTED_MEMORY_TYPES[layout]
     joined: dict[tuple[str, str], ContainerUsage] = {}
     for usage in usages:
         identity = names.get(usage.container_id)

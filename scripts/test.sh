@@ -7,4 +7,5 @@ bash scripts/setup.sh --test
 .venv/bin/ruff check otel_numa tests benchmarks config
 .venv/bin/ruff format --check otel_numa tests benchmarks config
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 exec .venv/bin/pytest "$@"

@@ -37,6 +37,7 @@ from otel_numa.testing.kubelet_scenario import (
     Samples,
     ScenarioPod,
     build_scenario,
+    counted_errors,
     labels,
     parse_exposition,
     series,
@@ -159,7 +160,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         [ScenarioPod(POD), ScenarioPod(DELETED, live=False)],
     )
     agent = scenario.agent()
-    pipeline = build_pipeline(agent.settings, agent.store, exporters=("prometheus",))
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
     assert pipeline.registry is not None
     node = Node(scenario, pipeline.registry, dict.fromkeys(EXPECTED_BY_SOURCE, 0.0))
     for source in EXPECTED_BY_SOURCE:
@@ -176,7 +177,7 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 def errors_of(text: str | Samples, source: str) -> float:
-    errors = series(text, "numa_agent_source_errors_total")
+    errors = counted_errors(text)
     return sum(count for key, count in errors.items() if ("numa_source", source) in key)
 
 

@@ -40,6 +40,7 @@ from otel_numa.testing.kubelet_scenario import (
     Labels,
     ScenarioPod,
     build_scenario,
+    counted_errors,
     labels,
     series,
 )
@@ -295,7 +296,7 @@ def node(tmp_path: Path) -> KubeletScenario:
 
 
 def source_errors(text: str) -> dict[Labels, float]:
-    return series(text, "numa_agent_source_errors_total")
+    return counted_errors(text)
 
 
 # --- one collection ------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_without_forgetting_the_sdk_folds_new_pods_into_overflow(
     """The control: the SDK's behaviour the design works around (so the test above can fail)."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
     agent = started_agent(node, server)
-    monkeypatch.setattr(agent.background, "forget_departed", lambda: None)
+    monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
     assert agent.scheduler is not None
     agent.scheduler._tasks = [*agent.background.tasks, agent._push]
     churn = Churn(node, server, agent)

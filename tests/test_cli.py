@@ -11,8 +11,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from otel_numa.catalogue import MetricGroup
 from otel_numa.cli import load_settings
-from otel_numa.settings import MetricGroup
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -97,7 +97,8 @@ def test_container_vanishing_mid_round_is_skipped_silently(tmp_path: Path) -> No
     assert collector.view is not None
     assert sorted(u.container_id for u in collector.view.usages) == sorted([SANDBOX, ID_1, ID_3])
     (report,) = registry.reports()
-    assert report.name == "cgroup" and report.errors == {} and report.last_good is not None
+    assert report.name == "cgroup" and report.last_good is not None
+    assert report.errors == {"corrupt": 0, "unavailable": 0}
     names = [c.container.container_name for c in collector.containers(Allocation(), None)]
     assert names == ["app", "worker"]  # by pod UID; the sandbox has no name and is not reported
 
@@ -115,7 +116,7 @@ def test_one_corrupt_container_is_counted_and_the_others_stay(tmp_path: Path) ->
     assert collector.view is not None
     assert sorted(u.container_id for u in collector.view.usages) == sorted([SANDBOX, ID_2, ID_3])
     (report,) = registry.reports()
-    assert report.errors == {"corrupt": 2}  # one failed read per round
+    assert report.errors == {"corrupt": 2, "unavailable": 0}  # one failed read per round
     assert report.last_good is not None
 
 
@@ -137,7 +138,7 @@ def test_containers_gone_between_rounds_and_kubepods_gone(tmp_path: Path) -> Non
     collector.refresh()
     assert collector.view is None and collector.containers(Allocation(), None) == ()
     (report,) = registry.reports()
-    assert report.errors == {} and not report.present
+    assert report.errors == {"corrupt": 0, "unavailable": 0} and not report.present
 
 
 def test_missing_container_logs_names_nobody(tmp_path: Path) -> None:
@@ -275,7 +276,8 @@ def test_join_with_allocation_names_and_exported_types() -> None:
         containers=(ContainerAllocation(ContainerRef(POD_A, "app"), memory_bytes={1: 8 * MIB}),)
     )
     names = {ID_1: ContainerIdentity("web-0", "shop", "app", ID_1)}
-    (joined,) = join_usage([usage], "v2", names, allocation, TWO_NODES, {})
+    all_v2_types = frozenset({"anon", "file", "kernel_stack", "shmem"})
+    (joined,) = join_usage([usage], "v2", names, allocation, TWO_NODES, {}, None, all_v2_types)
     assert joined.container == ContainerRef(POD_A, "app", "web-0", "shop")
     assert joined.memory_by_type == {"anon": {0: 3 * MIB, 1: 7 * MIB}, "kernel_stack": {0: 1 * MIB}}
     assert joined.intended_nodes == frozenset({1}) and joined.locality == pytest.approx(0.7)
@@ -336,4 +338,4 @@ def test_only_the_used_memory_types_are_parsed(tmp_path: Path) -> None:
     collector.refresh()
     app = next(c for c in collector.containers(Allocation(), None) if c.container_id == ID_1)
     assert app.memory_by_type == {"anon": {0: 4096, 1: 8192}}
-    assert registry.reports()[0].errors == {}
+    assert registry.reports()[0].errors == {"corrupt": 0, "unavailable": 0}

@@ -22,6 +22,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from otel_numa.catalogue import MetricGroup
 from otel_numa.cli import load_settings
 from otel_numa.settings import Settings
 
@@ -57,7 +58,7 @@ CONFIG_KEYS = {
     "health_address",
     "disable",
 }
-METRIC_GROUPS = {"topology", "usage", "allocation", "containers", "distances", "health"}
+METRIC_GROUPS = {str(group) for group in MetricGroup}
 
 # Defaults from DESIGN.md's command-line table, written out by hand.
 DOCUMENTED_DEFAULTS: dict[str, Any] = {

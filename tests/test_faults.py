@@ -26,7 +26,14 @@ from otel_numa.testing.checkpoints import (
     memory_manager_state_bytes,
     write_atomically,
 )
-from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.kubelet_scenario import (
+    KubeletScenario,
+    ScenarioPod,
+    build_scenario,
+    counted_errors,
+    labels,
+    series,
+)
 from otel_numa.testing.peers import AgentProcess, free_port, http_get, run_agent, wait_for
 from otel_numa.testing.sysfs_tree import NodeSpec
 
@@ -213,7 +220,7 @@ def test_kubelet_directory_disappearing_and_coming_back(node: KubeletScenario, t
         for name in ALLOCATION_SERIES:
             assert not series(text, name), name
         assert series(text, "numa_cpu_capacity")
-        assert series(text, "numa_agent_source_errors_total") == {}  # gone is not an error
+        assert counted_errors(text) == {}  # gone is not an error
         assert http_get(f"http://127.0.0.1:{agent.health_port}/healthz")[0] == 200
 
         moved.rename(node.kubelet_root)
@@ -236,9 +243,7 @@ def memory_of(text: str, node_id: int) -> dict[str, float]:
 
 
 def sysfs_errors(text: str) -> float:
-    return sum(
-        v for k, v in series(text, "numa_agent_source_errors_total").items() if ("numa_source", "sysfs") in k
-    )
+    return sum(v for k, v in counted_errors(text).items() if ("numa_source", "sysfs") in k)
 
 
 @pytest.fixture

@@ -29,20 +29,33 @@ from otel_numa.sources import cgroups, files, procfs, sysfs
 from otel_numa.sources.checkpoints import (
     parse_cpu_manager_state,
     parse_device_checkpoint,
-    parse_dra_checkpoint,
     parse_memory_manager_state,
 )
 from otel_numa.sources.container_logs import parse_container_log_name, read_container_identities
 from otel_numa.sources.errors import SourceCorrupt, SourceError
 from otel_numa.sources.pod_logs import parse_pod_log_dir_name, read_pod_identities
-from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, container_dir, write_cgroup_tree
+from otel_numa.testing.cgroup_tree import (
+    FakeContainer,
+    FakePod,
+    container_dir,
+    read_all_usage,
+    write_cgroup_tree,
+)
 from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
     fnv1a_32,
     memory_manager_state_bytes,
 )
-from otel_numa.testing.kubelet_scenario import KubeletScenario, Labels, ScenarioPod, build_scenario, series
+from otel_numa.testing.dra_checkpoint import parse_dra_checkpoint
+from otel_numa.testing.kubelet_scenario import (
+    KubeletScenario,
+    Labels,
+    ScenarioPod,
+    build_scenario,
+    counted_errors,
+    series,
+)
 from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
 
 FUZZ = settings(
@@ -136,8 +149,9 @@ def test_a_huge_cpu_mask_is_rejected_quickly() -> None:
 @FUZZ
 @given(text=st.one_of(any_text, kernel_text, st.lists(numbers, max_size=12).map(" ".join)))
 def test_procfs_stat_only_raises_source_errors(text: str) -> None:
+    per_cpu = procfs.NodeCpuTimes({cpu: (cpu,) for cpu in range(8)})
     for body in (text, "cpu0 " + text, "cpu  1 2 3 4\ncpu3 " + text):
-        result = source_result(lambda body=body: procfs.parse_cpu_times(body))  # type: ignore[misc]
+        result = source_result(lambda body=body: per_cpu.parse(body))  # type: ignore[misc]
         if isinstance(result, dict):
             assert all(set(modes) <= set(procfs.CPU_MODES) for modes in result.values())
             assert all(time_s >= 0 for modes in result.values() for time_s in modes.values()), result
@@ -237,10 +251,10 @@ def machine(tmp_path: Path) -> tuple[Path, Path]:
 
 def read_everything(sysfs_root: Path, procfs_root: Path) -> None:
     topology = sysfs.read_topology(sysfs_root, procfs_root)
-    memory = sysfs.read_node_memory(sysfs_root, procfs_root, topology)
-    pools = sysfs.read_hugepages(sysfs_root, topology, procfs_root=procfs_root)
-    sysfs.read_numastat(sysfs_root, topology)
-    procfs.read_cpu_times(procfs_root)
+    memory = sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
+    pools = sysfs.NodeFiles(sysfs_root, topology, procfs_root).hugepages()
+    sysfs.NodeFiles(sysfs_root, topology).numastat()
+    procfs.NodeCpuTimes({cpu: (cpu,) for cpu in range(8)}).read(procfs_root)
     procfs.read_meminfo(procfs_root)
     assert all(m.total_bytes >= 0 and m.free_bytes >= 0 and m.used_bytes >= 0 for m in memory.values())
     for node_pools in pools.values():
@@ -311,7 +325,7 @@ def test_cgroup_files_with_any_content_only_raise_source_errors(
     else:
         directory = container_dir(root, layout, "cgroupfs", pod, CONTAINER)  # type: ignore[arg-type]
     (directory / name).write_bytes(content)
-    result = source_result(lambda: cgroups.read_all_usage(root))
+    result = source_result(lambda: read_all_usage(root))
     if isinstance(result, tuple):
         assert [usage.container_id for usage in result] == [CONTAINER]
 
@@ -559,7 +573,7 @@ def kubelet_node(tmp_path: Path) -> KubeletScenario:
 
 
 def errors_of(text: str, source: str) -> dict[Labels, float]:
-    found = series(text, "numa_agent_source_errors_total")
+    found = counted_errors(text)
     return {key: value for key, value in found.items() if ("numa_source", source) in key}
 
 
@@ -567,7 +581,7 @@ def test_the_valid_node_exports_every_series(kubelet_node: KubeletScenario) -> N
     text = kubelet_node.exposition()
     for name in (*CPU_SERIES, *MEMORY_SERIES, *DEVICE_SERIES, *MACHINE_SERIES):
         assert series(text, name), name
-    assert series(text, "numa_agent_source_errors_total") == {}
+    assert counted_errors(text) == {}
 
 
 @AGENT_LEVEL
@@ -682,7 +696,7 @@ def test_a_verified_checkpoint_with_amounts_beyond_int64_does_not_break_the_otlp
     kubelet_node.memory_manager_path.write_bytes(memory_manager_state_bytes("Static", state, entries))
     exporter = EncodingExporter()
     agent = kubelet_node.agent(exporters=["otlp"])
-    pipeline = build_pipeline(agent.settings, agent.store, otlp_exporter_factory=lambda _settings: exporter)
+    pipeline = build_pipeline(agent.options, agent.store, otlp_exporter_factory=lambda _settings: exporter)
     try:
         pipeline.push(timeout_s=5)
     finally:

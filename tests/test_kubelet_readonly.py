@@ -26,7 +26,14 @@ from otel_numa.testing.checkpoints import (
     write_device_checkpoint,
     write_memory_manager_state,
 )
-from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.kubelet_scenario import (
+    KubeletScenario,
+    ScenarioPod,
+    build_scenario,
+    counted_errors,
+    labels,
+    series,
+)
 from otel_numa.testing.peers import REPO, agent_command, run_agent
 from otel_numa.testing.sysfs_tree import uniform_nodes
 
@@ -97,7 +104,7 @@ def tree_state(root: Path) -> Tree:
 def check_exposition(text: str) -> None:
     for name, expected in EXPECTED.items():
         assert series(text, name) == expected, name
-    assert series(text, "numa_agent_source_errors_total") == {}
+    assert counted_errors(text) == {}
     read = {dict(key)["numa_source"] for key in series(text, "numa_agent_source_age_seconds")}
     assert {"cpu_manager", "memory_manager", "device_manager"} <= read
 

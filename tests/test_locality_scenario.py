@@ -102,7 +102,10 @@ def _node(tmp_path: Path) -> tuple[KubeletScenario, Path, Path]:
 
 def test_once_shows_the_remote_memory(tmp_path: Path) -> None:
     scenario, cgroup, logs = _node(tmp_path)
-    text = scenario.run_once("--cgroup-root", str(cgroup), "--container-logs-root", str(logs))
+    text = scenario.run_once(
+        "--cgroup-root", str(cgroup), "--container-logs-root", str(logs),
+        "--container-memory-types", "anon,file,kernel_stack,shmem",
+    )  # fmt: skip
 
     assert series(text, "numa_container_memory_locality") == {ENGINE: 0.7}
     usage = series(text, "numa_container_memory_usage_bytes")

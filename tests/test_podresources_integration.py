@@ -13,7 +13,14 @@ import pytest
 from otel_numa.agent import Agent
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.testing.checkpoints import write_cpu_manager_state
-from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
+from otel_numa.testing.kubelet_scenario import (
+    KubeletScenario,
+    ScenarioPod,
+    build_scenario,
+    counted_errors,
+    labels,
+    series,
+)
 from otel_numa.testing.peers import free_port, http_get, run_prometheus, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from otel_numa.testing.sysfs_tree import uniform_nodes
@@ -145,7 +152,7 @@ def test_disagreement_with_the_checkpoint_api_wins_and_is_counted_once(
             text, "numa_container_cpu_allocated"
         )
         assert series(text, "numa_cpu_allocated") == {labels(numa_node_id=0): 1, labels(numa_node_id=1): 2}
-        errors = series(text, "numa_agent_source_errors_total")
+        errors = counted_errors(text)
         assert errors[labels(numa_source="podresources", error_type="disagreement")] == 1
 
 

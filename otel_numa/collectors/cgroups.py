@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_numa.memo import LastResult
 from otel_numa.model import (
     Allocation,
     CgroupLayout,
@@ -26,7 +27,6 @@ from otel_numa.model import (
     CpuTimeSplit,
     MachineUsage,
 )
-from otel_numa.settings import MetricGroup, Settings
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cgroups import (
     ContainerCgroup,
@@ -37,11 +37,12 @@ from otel_numa.sources.cgroups import (
 from otel_numa.sources.container_logs import read_container_identities
 from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.usage_accounting import (
-    USED_MEMORY_TYPES,
+    DEFAULT_MEMORY_TYPES,
     MachineNodes,
     advance_cpu_time,
     cpu_shares,
     join_usage,
+    memory_types_to_read,
 )
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,6 @@ class ContainerLogNames:
         return self._names
 
 
-def _read_used_types(cgroup: ContainerCgroup, layout: CgroupLayout) -> ContainerNumaUsage | None:
-    return read_container_usage(cgroup, layout, USED_MEMORY_TYPES)
-
-
 class CgroupCollector:
     def __init__(
         self,
@@ -98,19 +95,21 @@ class CgroupCollector:
         names: NameLookup,
         registry: SourceRegistry,
         *,
+        memory_types: frozenset[str] = DEFAULT_MEMORY_TYPES,
         reader: UsageReader | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._root = cgroup_root
         self._names = names
         self._tracker = registry.tracker("cgroup")
-        self._read = reader or _read_used_types
+        self._memory_types = memory_types
+        to_read = memory_types_to_read(memory_types)
+        self._read = reader or (lambda cgroup, layout: read_container_usage(cgroup, layout, to_read))
         self._clock = clock
         self._view: CgroupView | None = None
         # the join, remembered with its inputs; CPU time splits advance once per view
         self._join_lock = threading.Lock()
-        self._joined_inputs: tuple[object, ...] = ()
-        self._joined: tuple[ContainerUsage, ...] = ()
+        self._joined: LastResult[tuple[ContainerUsage, ...]] = LastResult()
         self._cpu_view: CgroupView | None = None
         self._cpu_machine: MachineNodes | None = None
         self._cpu_time: dict[str, CpuTimeSplit] = {}
@@ -122,6 +121,10 @@ class CgroupCollector:
 
     def refresh(self) -> None:
         """Read every container's usage once (the background task)."""
+        with self._tracker.timed():
+            self._refresh()
+
+    def _refresh(self) -> None:
         try:
             layout = detect_cgroup_layout(self._root)
             cgroups = find_container_cgroups(self._root)
@@ -155,21 +158,29 @@ class CgroupCollector:
         if view is None:
             return ()
         topology = machine.topology if machine is not None else None
-        memory = {node: m.total_bytes for node, m in machine.memory.items()} if machine is not None else {}
+        memory = (
+            {node: m.total_bytes for node, m in machine.memory.items() if m.total_bytes is not None}
+            if machine is not None
+            else {}
+        )
         nodes = MachineNodes.of(topology, memory)
         with self._join_lock:
-            inputs = (view, allocation, nodes, live_pods)
-            if len(inputs) == len(self._joined_inputs) and all(
-                new is old or (isinstance(new, MachineNodes) and new == old)
-                for new, old in zip(inputs, self._joined_inputs, strict=True)
-            ):
-                return self._joined
-            cpu_time = self._advance_cpu_time(view, nodes)
-            self._joined = join_usage(
-                view.usages, view.layout, view.names, allocation, nodes, cpu_time, live_pods
-            )
-            self._joined_inputs = inputs
-            return self._joined
+
+            def join() -> tuple[ContainerUsage, ...]:
+                assert view is not None
+                cpu_time = self._advance_cpu_time(view, nodes)
+                return join_usage(
+                    view.usages,
+                    view.layout,
+                    view.names,
+                    allocation,
+                    nodes,
+                    cpu_time,
+                    live_pods,
+                    self._memory_types,
+                )
+
+            return self._joined.get((view, allocation, nodes, live_pods), join)
 
     def _advance_cpu_time(self, view: CgroupView, nodes: MachineNodes) -> Mapping[str, CpuTimeSplit]:
         if view is self._cpu_view and nodes == self._cpu_machine:
@@ -190,9 +201,3 @@ class CgroupCollector:
             )
         self._cpu_view, self._cpu_machine, self._cpu_time = view, nodes, advanced
         return advanced
-
-
-def container_usage_enabled(settings: Settings) -> bool:
-    """Cgroups are read only when neither ``containers`` (every per-container series) nor ``container_usage``
-    is switched off."""
-    return settings.enabled(MetricGroup.CONTAINERS) and settings.enabled(MetricGroup.CONTAINER_USAGE)

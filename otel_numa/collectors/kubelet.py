@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from otel_numa.model import KubeletState
+from otel_numa.options import KubeletOptions
 from otel_numa.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources.checkpoints.cpu_manager import read_cpu_manager_state
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
@@ -40,6 +41,10 @@ class CheckpointFile(Generic[T]):
         self._value: T | None = None
 
     def read(self) -> T | None:
+        with self._tracker.timed():
+            return self._read()
+
+    def _read(self) -> T | None:
         signature = StatSignature.of(self.path)
         if signature is None:
             self._signature = self._value = None
@@ -99,28 +104,42 @@ _NO_NAMES: dict[str, tuple[str, str]] = {}  # one shared object, so "unchanged" 
 
 
 class KubeletCollector:
-    def __init__(self, kubelet_root: Path, pod_logs_root: Path, registry: SourceRegistry) -> None:
-        self.cpu = CheckpointFile(
-            kubelet_root / CPU_MANAGER_FILE, read_cpu_manager_state, registry.tracker("cpu_manager")
+    """The checkpoints the enabled metrics need (``options.checkpoints``), ``pods/`` and the pod log names."""
+
+    def __init__(self, options: KubeletOptions, registry: SourceRegistry) -> None:
+        root = options.kubelet_root
+        wanted = options.checkpoints
+        self.cpu = (
+            CheckpointFile(root / CPU_MANAGER_FILE, read_cpu_manager_state, registry.tracker("cpu_manager"))
+            if "cpu_manager" in wanted
+            else None
         )
-        self.memory = CheckpointFile(
-            kubelet_root / MEMORY_MANAGER_FILE, read_memory_manager_state, registry.tracker("memory_manager")
+        self.memory = (
+            CheckpointFile(
+                root / MEMORY_MANAGER_FILE, read_memory_manager_state, registry.tracker("memory_manager")
+            )
+            if "memory_manager" in wanted
+            else None
         )
-        self.devices = CheckpointFile(
-            kubelet_root / DEVICE_CHECKPOINT_FILE, read_device_checkpoint, registry.tracker("device_manager")
+        self.devices = (
+            CheckpointFile(
+                root / DEVICE_CHECKPOINT_FILE, read_device_checkpoint, registry.tracker("device_manager")
+            )
+            if "device_manager" in wanted
+            else None
         )
-        self._pods = _DirectoryCache(kubelet_root / "pods", _pod_directories)
-        self._pod_names = _DirectoryCache(pod_logs_root, _pod_names)
+        self._pods = _DirectoryCache(root / "pods", _pod_directories)
+        self._pod_names = _DirectoryCache(options.pod_logs_root, _pod_names)
 
     @property
     def watched_files(self) -> tuple[Path, ...]:
-        return (self.cpu.path, self.memory.path, self.devices.path)
+        return tuple(file.path for file in (self.cpu, self.memory, self.devices) if file is not None)
 
     def collect(self) -> KubeletState:
         return KubeletState(
-            cpu=self.cpu.read(),
-            memory=self.memory.read(),
-            devices=self.devices.read(),
+            cpu=self.cpu.read() if self.cpu is not None else None,
+            memory=self.memory.read() if self.memory is not None else None,
+            devices=self.devices.read() if self.devices is not None else None,
             live_pods=self._pods.get(),
             pod_names=self._pod_names.get() or _NO_NAMES,
         )

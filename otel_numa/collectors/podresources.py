@@ -15,6 +15,7 @@ from pathlib import Path
 
 from otel_numa.accounting import with_podresources
 from otel_numa.join import join_pods, live_pod_set
+from otel_numa.memo import LastResult
 from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
@@ -54,8 +55,7 @@ class PodResourcesRefresher:
         self._next_attempt = 0.0
         self._allocatable_unimplemented = False
         self._counted_disagreements: frozenset[tuple[str, str]] = frozenset()
-        self._join_inputs: tuple[object, ...] = ()
-        self._joined_state: KubeletState | None = None
+        self._joined: LastResult[KubeletState] = LastResult()
 
     @property
     def latest(self) -> PodResourcesView | None:
@@ -63,6 +63,10 @@ class PodResourcesRefresher:
         return self._latest
 
     def refresh(self) -> None:
+        with self._tracker.timed():
+            self._refresh()
+
+    def _refresh(self) -> None:
         now = self._clock()
         if now < self._next_attempt:
             return
@@ -100,20 +104,17 @@ class PodResourcesRefresher:
     # Into the kubelet state ---------------------------------------------------------------------
 
     def merge_into(self, state: KubeletState) -> KubeletState:
-        """``state`` joined with the latest view; the same object back while no input changed (the agent's
-        accounting is memoised on identity)."""
+        """``state`` joined with the latest view; the same object back while no input changed."""
         view = self._latest
         if view is None:
             return state
         inputs = (view, state.pod_names, state.live_pods, state.cpu, state.memory, state.devices)
-        if self._joined_state is not None and all(
-            new is old for new, old in zip(inputs, self._join_inputs, strict=True)
-        ):
-            return self._joined_state
-        joined = join_pods(view, state.pod_names, state.live_pods, checkpoint_uids(state))
-        merged = with_podresources(state, joined, live_pod_set(joined, state.live_pods))
-        self._join_inputs, self._joined_state = inputs, merged
-        return merged
+
+        def join() -> KubeletState:
+            joined = join_pods(view, state.pod_names, state.live_pods, checkpoint_uids(state))
+            return with_podresources(state, joined, live_pod_set(joined, state.live_pods))
+
+        return self._joined.get(inputs, join)
 
     def count_disagreements(
         self, disagreements: frozenset[tuple[str, str]], joined: JoinedPodResources

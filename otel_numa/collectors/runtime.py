@@ -104,6 +104,10 @@ class RuntimeRefresher:
         return self._latest
 
     def refresh(self) -> None:
+        with self._tracker.timed():
+            self._refresh()
+
+    def _refresh(self) -> None:
         try:
             containers = self._client.containers(self._rules.env)
         except SourceMissing as missing:

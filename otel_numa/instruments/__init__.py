@@ -1,33 +1,32 @@
-"""OpenTelemetry observable instruments whose callbacks read the pinned snapshot."""
+"""OpenTelemetry observable instruments, registered from the catalogue; callbacks read the pinned snapshot."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from opentelemetry.metrics import Meter
 
-from otel_numa.collectors.cgroups import container_usage_enabled
+from otel_numa.catalogue import BY_NAME
 from otel_numa.instruments import allocation, compat, container_usage, enrichment, health, machine
-from otel_numa.instruments.base import Instruments
-from otel_numa.settings import MetricGroup, Settings
+from otel_numa.instruments.base import Instruments, Observe
 from otel_numa.snapshot import SnapshotStore
 
 
-def register_instruments(meter: Meter, store: SnapshotStore, settings: Settings) -> None:
+def observers(node_name: str) -> Mapping[str, Observe]:
+    """Every catalogue metric's callback body, by OTel name."""
+    return {
+        **machine.OBSERVERS,
+        **allocation.OBSERVERS,
+        **enrichment.OBSERVERS,
+        **container_usage.OBSERVERS,
+        **health.OBSERVERS,
+        **compat.observers(node_name),
+    }
+
+
+def register_instruments(meter: Meter, store: SnapshotStore, metrics: Iterable[str], node_name: str) -> None:
+    """One observable instrument per enabled metric, as the catalogue describes it."""
     instruments = Instruments(meter, store)
-    if settings.enabled(MetricGroup.TOPOLOGY):
-        machine.register_topology(instruments)
-    if settings.enabled(MetricGroup.DISTANCES):
-        machine.register_distances(instruments)
-    if settings.enabled(MetricGroup.USAGE):
-        machine.register_usage(instruments)
-    if settings.enabled(MetricGroup.ALLOCATION):
-        allocation.register_allocation(instruments)
-    if settings.enabled(MetricGroup.CONTAINERS):
-        allocation.register_containers(instruments)
-        if settings.cri_socket.lower() != "none" and settings.enrich_mode == "info":
-            enrichment.register_enrichment(instruments)
-    if container_usage_enabled(settings):
-        container_usage.register_container_usage(instruments)
-    if settings.enabled(MetricGroup.HEALTH):
-        health.register_health(instruments)
-    if settings.compat == "numainfo":
-        compat.register_numainfo(instruments, settings.node_name)
+    bodies = observers(node_name)
+    for name in metrics:
+        instruments.add(BY_NAME[name], bodies[name])

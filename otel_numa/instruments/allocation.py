@@ -6,82 +6,12 @@ from collections.abc import Callable, Iterator, Mapping
 
 from opentelemetry.util.types import AttributeValue
 
-from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import Allocation, ContainerAllocation, ContainerRef
 from otel_numa.snapshot import Snapshot
 
 HUGEPAGE_SIZE = "k8s.hugepage.size"
 RESOURCE_NAME = "numa.resource.name"
-
-
-def register_allocation(instruments: Instruments) -> None:
-    per_numa: list[tuple[str, str, str, Callable[[Allocation], Mapping[int, int] | None]]] = [
-        ("numa.cpu.allocatable", "{cpu}", "CPUs of the node the kubelet may allocate.", _cpu_allocatable),
-        ("numa.cpu.allocated", "{cpu}", "Exclusive CPUs of live containers (cpu manager).", _cpu_allocated),
-        ("numa.memory.allocatable", "By", "Memory the memory manager may allocate.", _mem_allocatable),
-        ("numa.memory.allocated", "By", "Memory the memory manager reserved for containers.", _mem_allocated),
-    ]
-    for name, unit, description, pick in per_numa:
-        instruments.add("updown", name, unit, description, _per_numa(pick))
-    instruments.add(
-        "updown",
-        "numa.hugepages.allocatable",
-        "By",
-        "Hugepages the memory manager may allocate.",
-        _per_key(lambda a: a.hugepages_allocatable, HUGEPAGE_SIZE),
-    )
-    instruments.add(
-        "updown",
-        "numa.hugepages.allocated",
-        "By",
-        "Hugepages the memory manager reserved for containers.",
-        _per_key(lambda a: a.hugepages_allocated, HUGEPAGE_SIZE),
-    )
-    instruments.add(
-        "updown",
-        "numa.device.capacity",
-        "{device}",
-        "Allocatable devices per NUMA node and resource (podresources).",
-        _per_key(lambda a: a.device_capacity, RESOURCE_NAME),
-    )
-    instruments.add(
-        "updown",
-        "numa.device.allocated",
-        "{device}",
-        "Devices allocated to live containers per NUMA node and resource.",
-        _per_key(lambda a: a.device_allocated, RESOURCE_NAME),
-    )
-
-
-def register_containers(instruments: Instruments) -> None:
-    instruments.add(
-        "updown",
-        "numa.container.cpu.allocated",
-        "{cpu}",
-        "Exclusive CPUs of the container on the NUMA node.",
-        _containers(lambda c: _numa_points(c.cpus)),
-    )
-    instruments.add(
-        "updown",
-        "numa.container.memory.allocated",
-        "By",
-        "Memory the memory manager reserved for the container on the NUMA node.",
-        _containers(lambda c: _numa_points(c.memory_bytes)),
-    )
-    instruments.add(
-        "updown",
-        "numa.container.hugepages.allocated",
-        "By",
-        "Hugepages the memory manager reserved for the container on the NUMA node.",
-        _containers(lambda c: _keyed_points(c.hugepages_bytes, HUGEPAGE_SIZE)),
-    )
-    instruments.add(
-        "updown",
-        "numa.container.device.allocated",
-        "{device}",
-        "Devices allocated to the container on the NUMA node.",
-        _containers(lambda c: _keyed_points(c.devices, RESOURCE_NAME)),
-    )
 
 
 def container_attributes(ref: ContainerRef) -> dict[str, AttributeValue]:
@@ -155,3 +85,21 @@ def _containers(
                 yield value, {**base, **(attributes or {})}
 
     return observe
+
+
+OBSERVERS: dict[str, Observe] = {
+    "numa.cpu.allocatable": _per_numa(_cpu_allocatable),
+    "numa.cpu.allocated": _per_numa(_cpu_allocated),
+    "numa.memory.allocatable": _per_numa(_mem_allocatable),
+    "numa.memory.allocated": _per_numa(_mem_allocated),
+    "numa.hugepages.allocatable": _per_key(lambda a: a.hugepages_allocatable, HUGEPAGE_SIZE),
+    "numa.hugepages.allocated": _per_key(lambda a: a.hugepages_allocated, HUGEPAGE_SIZE),
+    "numa.device.capacity": _per_key(lambda a: a.device_capacity, RESOURCE_NAME),
+    "numa.device.allocated": _per_key(lambda a: a.device_allocated, RESOURCE_NAME),
+    "numa.container.cpu.allocated": _containers(lambda c: _numa_points(c.cpus)),
+    "numa.container.memory.allocated": _containers(lambda c: _numa_points(c.memory_bytes)),
+    "numa.container.hugepages.allocated": _containers(
+        lambda c: _keyed_points(c.hugepages_bytes, HUGEPAGE_SIZE)
+    ),
+    "numa.container.device.allocated": _containers(lambda c: _keyed_points(c.devices, RESOURCE_NAME)),
+}

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from otel_numa import __version__
-from otel_numa.instruments.base import Instruments, Point
+from otel_numa.instruments.base import Observe, Point
 from otel_numa.snapshot import Snapshot
 
 
-def register_numainfo(instruments: Instruments, node_name: str) -> None:
+def observers(node_name: str) -> dict[str, Observe]:
     def node_count(snapshot: Snapshot) -> Iterator[Point]:
         if snapshot.machine is not None:
             yield len(snapshot.machine.topology.nodes), {"node": node_name}
@@ -28,7 +28,8 @@ def register_numainfo(instruments: Instruments, node_name: str) -> None:
         allocated = snapshot.allocation.cpu_allocated
         for node in snapshot.machine.topology.nodes:
             numanode = f"node{node.id:02d}"
-            yield len(node.cpus), {"node": node_name, "numanode": numanode, "type": "capacity"}
+            if node.cpus_known:
+                yield len(node.cpus), {"node": node_name, "numanode": numanode, "type": "capacity"}
             if allocated and any(allocated.values()):  # "no allocation" is no series, never 0
                 yield (
                     allocated.get(node.id, 0),
@@ -47,6 +48,8 @@ def register_numainfo(instruments: Instruments, node_name: str) -> None:
             },
         )
 
-    instruments.add("gauge", "numainfo_node_count", "", "NUMA nodes per node, count.", node_count)
-    instruments.add("gauge", "numainfo_core_count", "", "CPU cores per NUMA node, count.", core_count)
-    instruments.add("gauge", "numainfo_version", "", "Version information", version)
+    return {
+        "numainfo_node_count": node_count,
+        "numainfo_core_count": core_count,
+        "numainfo_version": version,
+    }

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from opentelemetry.util.types import AttributeValue
 
 from otel_numa.instruments.allocation import container_attributes
-from otel_numa.instruments.base import NUMA_ID, Instruments, Point
+from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import ContainerUsage
 from otel_numa.snapshot import Snapshot
 
@@ -15,37 +15,6 @@ MEMORY_TYPE = "numa.memory.type"
 CPU_NODE_IDS = "numa.cpu.node.ids"
 MEMORY_NODE_IDS = "numa.memory.node.ids"
 LOCALITY_NODE_IDS = "numa.locality.node.ids"
-
-
-def register_container_usage(instruments: Instruments) -> None:
-    instruments.add(
-        "updown",
-        "numa.container.memory.usage",
-        "By",
-        "Memory of the container on the NUMA node, by kernel memory type (cgroup memory.numa_stat).",
-        _memory,
-    )
-    instruments.add(
-        "counter",
-        "numa.container.cpu.time",
-        "s",
-        "CPU time of the container, split over NUMA nodes by its share of effective CPUs on each.",
-        _cpu_time,
-    )
-    instruments.add(
-        "gauge",
-        "numa.container.memory.locality",
-        "1",
-        "Share of the container's resident memory (anon and file pages) on the NUMA nodes meant for it.",
-        _locality,
-    )
-    instruments.add(
-        "updown",
-        "numa.container.cpuset.nodes",
-        "{container}",
-        "1 per container: NUMA nodes of its effective CPUs and mems, and the nodes its locality refers to.",
-        _cpuset_nodes,
-    )
 
 
 def node_list(nodes: frozenset[int]) -> str:
@@ -89,3 +58,11 @@ def _node_sets(container: ContainerUsage) -> dict[str, AttributeValue]:
         if nodes is not None:
             attributes[key] = node_list(nodes)
     return attributes
+
+
+OBSERVERS: dict[str, Observe] = {
+    "numa.container.memory.usage": _memory,
+    "numa.container.cpu.time": _cpu_time,
+    "numa.container.memory.locality": _locality,
+    "numa.container.cpuset.nodes": _cpuset_nodes,
+}

@@ -9,18 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from otel_numa.instruments.base import Instruments, Point
+from otel_numa.instruments.base import Observe, Point
 from otel_numa.snapshot import Snapshot
-
-
-def register_enrichment(instruments: Instruments) -> None:
-    instruments.add(
-        "gauge",
-        "numa.container.info",
-        "1",
-        "Always 1: a running container with its allowlisted pod labels, annotations and environment.",
-        _info,
-    )
 
 
 def _info(snapshot: Snapshot) -> Iterator[Point]:
@@ -29,3 +19,6 @@ def _info(snapshot: Snapshot) -> Iterator[Point]:
         return
     for (uid, container), attributes in sorted(info.items()):
         yield 1, {"k8s.pod.uid": uid, "k8s.container.name": container, **attributes}
+
+
+OBSERVERS: dict[str, Observe] = {"numa.container.info": _info}

@@ -1,36 +1,61 @@
-"""The agent's own health: source errors and the age of each source's data."""
+"""The agent's own health: source errors, data age and read durations, build stages, series forgetting."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from otel_numa.instruments.base import Instruments, Point
+from otel_numa.instruments.base import Observe, Point
 from otel_numa.snapshot import Snapshot
 
-
-def register_health(instruments: Instruments) -> None:
-    instruments.add(
-        "counter",
-        "numa.agent.source.errors",
-        "{error}",
-        "Failed reads of a data source, by source and error type.",
-        _errors,
-    )
-    instruments.add(
-        "gauge",
-        "numa.agent.source.age",
-        "s",
-        "Seconds since the source's data was last known good.",
-        _ages,
-    )
+SOURCE = "numa.source"
+STAGE = "numa.stage"
 
 
 def _errors(snapshot: Snapshot) -> Iterator[Point]:
     for report in snapshot.sources:
         for error_type, count in report.errors.items():
-            yield count, {"numa.source": report.name, "error.type": error_type}
+            if count or report.present:  # a source that does not exist has no zero counters
+                yield count, {SOURCE: report.name, "error.type": error_type}
 
 
 def _ages(snapshot: Snapshot) -> Iterator[Point]:
     for name, age in snapshot.source_ages().items():
-        yield age, {"numa.source": name}
+        yield age, {SOURCE: name}
+
+
+def _durations(snapshot: Snapshot) -> Iterator[Point]:
+    for report in snapshot.sources:
+        if report.last_duration_s is not None and report.present:
+            yield report.last_duration_s, {SOURCE: report.name}
+
+
+def _success(snapshot: Snapshot) -> Iterator[Point]:
+    for report in snapshot.sources:
+        if report.last_ok is not None:
+            yield int(report.last_ok), {SOURCE: report.name}
+
+
+def _stage_durations(snapshot: Snapshot) -> Iterator[Point]:
+    for stage in snapshot.stages:
+        yield stage.last_duration_s, {STAGE: stage.name}
+
+
+def _stage_success(snapshot: Snapshot) -> Iterator[Point]:
+    for stage in snapshot.stages:
+        yield int(stage.last_ok), {STAGE: stage.name}
+
+
+def _forgetting(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.series_forgetting is not None:
+        yield int(snapshot.series_forgetting), {}
+
+
+OBSERVERS: dict[str, Observe] = {
+    "numa.agent.source.errors": _errors,
+    "numa.agent.source.age": _ages,
+    "numa.agent.source.duration": _durations,
+    "numa.agent.source.success": _success,
+    "numa.agent.stage.duration": _stage_durations,
+    "numa.agent.stage.success": _stage_success,
+    "numa.agent.series.forgetting": _forgetting,
+}

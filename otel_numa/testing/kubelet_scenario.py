@@ -100,7 +100,7 @@ class KubeletScenario:
 
     def agent(self, **overrides: Any) -> Agent:
         """An in-process agent (not started) over this node."""
-        return Agent(self.settings(**overrides))
+        return Agent(self.settings(**overrides).to_options())
 
     def exposition(self, **overrides: Any) -> str:
         """One collection by a fresh in-process agent, as Prometheus text."""
@@ -180,3 +180,8 @@ def series(text: str | Samples, name: str, *, keep_node_name: bool = False) -> d
 def labels(**pairs: str | int) -> Labels:
     """A label set for comparisons: ``labels(numa_node_id=0)``."""
     return frozenset((key, str(value)) for key, value in pairs.items())
+
+
+def counted_errors(text: str | Samples) -> dict[Labels, float]:
+    """``numa_agent_source_errors_total`` without the counters still at 0 (every read source has some)."""
+    return {key: value for key, value in series(text, "numa_agent_source_errors_total").items() if value}

@@ -1,4 +1,10 @@
-"""Forgetting the attribute sets of departed pods, so that pod churn neither leaks nor overflows.
+"""Every use of the OpenTelemetry SDK's private attributes, in one module owned by the pipeline.
+
+Each use is listed in the README with the reason no public route exists; the SDK is pinned to the minor
+version the tests prove (``~=`` in pyproject.toml), and tests/test_sdk_private.py fails when a shape
+changes.
+
+Forgetting the attribute sets of departed pods, so that pod churn neither leaks nor overflows.
 
 What the OpenTelemetry SDK (1.45) does with an observable instrument: every reader keeps one aggregation
 per attribute set it was ever given, for the life of the MeterProvider. An attribute set that a callback
@@ -37,6 +43,25 @@ class DepartedSeriesJanitor:
     def __init__(self, provider: MeterProvider) -> None:
         self._provider = provider
         self._warned = False
+
+    @property
+    def supported(self) -> bool:
+        """Whether this SDK has the shape :meth:`forget` relies on (checked on the live provider)."""
+        consumer = getattr(self._provider, "_measurement_consumer", None)
+        storages = getattr(consumer, "_reader_storages", None)
+        if getattr(consumer, "_lock", None) is None or not isinstance(storages, dict):
+            return False
+        for storage in storages.values():
+            matches_by_instrument = getattr(storage, "_instrument_view_instrument_matches", None)
+            if not isinstance(matches_by_instrument, dict):
+                return False
+            for matches in matches_by_instrument.values():
+                for match in matches:
+                    if not isinstance(getattr(match, "_attributes_aggregation", None), dict):
+                        return False
+                    if getattr(match, "_lock", None) is None:
+                        return False
+        return not self._warned
 
     def forget(self, is_live: Callable[[str], bool]) -> int:
         """Forget every attribute set whose ``k8s.pod.uid`` is not live; returns how many were forgotten."""

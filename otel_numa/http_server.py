@@ -1,0 +1,216 @@
+"""The Prometheus page's server: prometheus_client's own, over TLS (optionally mTLS) when files are given.
+
+The certificate, key and client CA are re-read when they change on disk, so a rotated certificate is served
+without a restart. Kubernetes updates a mounted secret by swapping a symlinked directory: the files are
+watched through ``os.stat``, which follows the links to whatever they point at now.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from otel_numa.options import TlsOptions
+
+log = logging.getLogger(__name__)
+
+# Kubernetes takes up to a minute to propagate a renewed secret; a second more is nothing, and each check
+# is three stat calls.
+DEFAULT_RELOAD_INTERVAL_S = 1.0
+
+
+class TlsFileError(ValueError):
+    """A TLS file cannot be used; ``setting`` names the setting that holds it."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def _read(path: Path, setting: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsFileError(setting, f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _check_certificates(pem: bytes, path: Path, setting: str) -> None:
+    """Fail unless the file holds at least one PEM certificate that OpenSSL parses."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError):
+        raise TlsFileError(setting, f"{path} holds no PEM certificate") from None
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_password() -> bytes:
+    # An encrypted key would otherwise make OpenSSL prompt on the terminal.
+    raise _EncryptedKey
+
+
+def load_server_context(files: TlsOptions) -> ssl.SSLContext:
+    """A server context for ``files``; raises TlsFileError naming the setting of the first bad file."""
+    _check_certificates(_read(files.cert_file, "tls_cert_file"), files.cert_file, "tls_cert_file")
+    _read(files.key_file, "tls_key_file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert_file, files.key_file, password=_no_password)
+    except _EncryptedKey:
+        raise TlsFileError(
+            "tls_key_file", f"{files.key_file} is encrypted; an unencrypted key is needed"
+        ) from None
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            problem = f"does not match the certificate in {files.cert_file}"
+        else:
+            problem = "holds no PEM private key"
+        raise TlsFileError("tls_key_file", f"{files.key_file} {problem}") from None
+    except OSError as exc:  # the files changed between the two reads
+        raise TlsFileError("tls_key_file", f"cannot read {files.key_file}: {exc.strerror or exc}") from None
+    if files.client_ca_file is not None:
+        pem = _read(files.client_ca_file, "tls_client_ca_file")
+        _check_certificates(pem, files.client_ca_file, "tls_client_ca_file")
+        context.load_verify_locations(cadata=pem.decode("ascii"))
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+_Signature = tuple[tuple[int, int, int, int, int] | None, ...]
+
+
+def _signature(files: TlsOptions) -> _Signature:
+    """What ``stat`` says of each file, through its symlinks: changes when a file is replaced or edited."""
+    paths = [files.cert_file, files.key_file, *([files.client_ca_file] if files.client_ca_file else [])]
+    result: list[tuple[int, int, int, int, int] | None] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            result.append(None)
+        else:
+            result.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
+    return tuple(result)
+
+
+class CertificateReloader:
+    """Holds the current server context; ``check`` swaps in a new one when the files changed and are good.
+
+    A bad state on disk (a half-written rotation, a key that does not match yet) keeps the last good
+    context, is logged once, and is retried at every check until it loads.
+    """
+
+    def __init__(self, files: TlsOptions) -> None:
+        self.files = files
+        self._signature = _signature(files)
+        self.context = load_server_context(files)
+        self._failing = False
+
+    def check(self) -> bool:
+        """Reload when the files changed (or the last try failed); True when a new context is in use."""
+        signature = _signature(self.files)
+        if signature == self._signature and not self._failing:
+            return False
+        try:
+            context = load_server_context(self.files)
+        except TlsFileError as exc:
+            if not self._failing:
+                log.warning(
+                    "TLS files changed but cannot be used, keeping the previous certificate: %s: %s",
+                    exc.setting,
+                    exc,
+                )
+            self._failing = True
+            return False
+        self.context, self._signature, self._failing = context, signature, False
+        log.info("TLS certificate reloaded from %s", self.files.cert_file)
+        return True
+
+
+class MetricsServer:
+    """prometheus_client's HTTP server on ``host:port``; over TLS when ``tls`` is given."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        tls: TlsOptions | None = None,
+        reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
+    ) -> None:
+        self._reloader = CertificateReloader(tls) if tls is not None else None
+        self._stopped = threading.Event()
+        if tls is None:
+            self._httpd, _ = start_http_server(port, addr=host, registry=registry)
+            self._watcher: threading.Thread | None = None
+            return
+        self._httpd, _ = start_http_server(
+            port,
+            addr=host,
+            registry=registry,
+            certfile=str(tls.cert_file),
+            keyfile=str(tls.key_file),
+            client_cafile=str(tls.client_ca_file) if tls.client_ca_file else None,
+            client_auth_required=tls.client_ca_file is not None,
+        )
+        listening: Any = self._httpd.socket
+        # Each handshake starts on the listening context (which fixes whether a client certificate is
+        # required) and switches to the latest good context, so rotated files take effect at once.
+        listening.context.sni_callback = self._use_current_context
+        # The handshake then runs in the connection's own thread, not in the accepting one: a client that
+        # connects and stays silent cannot stall every other scrape.
+        listening.do_handshake_on_connect = False
+        _quiet_failed_handshakes(self._httpd)
+        self._watcher = threading.Thread(target=self._watch, args=(reload_interval_s,), daemon=True)
+        self._watcher.name = "tls-reload"
+        self._watcher.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def _use_current_context(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: Any
+    ) -> None:
+        assert self._reloader is not None
+        connection.context = self._reloader.context
+
+    def _watch(self, interval_s: float) -> None:
+        assert self._reloader is not None
+        while not self._stopped.wait(interval_s):
+            try:
+                self._reloader.check()
+            except Exception:  # never let the watcher die: the page would keep an expiring certificate
+                log.exception("TLS file check failed")
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1)
+
+
+def _quiet_failed_handshakes(httpd: Any) -> None:
+    """A failed handshake (no or untrusted client certificate, plain HTTP sent to the TLS port) is the
+    client's problem: one debug line instead of a traceback on stderr. Other errors are reported as before."""
+    report = httpd.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):  # ssl.SSLError, resets, timeouts
+            log.debug("connection from %s failed: %s", client_address, error)
+        else:
+            report(request, client_address)
+
+    httpd.handle_error = handle_error

@@ -1,0 +1,69 @@
+"""The long-running agent, started from resolved options in a process that never imports pydantic.
+
+``otel-numa`` reads and checks its settings (pydantic-settings: flags, environment, YAML), resolves them
+into plain :class:`~otel_numa.options.AgentOptions`, and replaces itself (``exec``, same PID) with
+``python -m otel_numa.serve``, which receives them in :data:`OPTIONS_ENV`. The settings machinery (about
+20 MB of imports) is then not resident in a process that runs for months on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+
+from otel_numa.logs import setup_logging
+from otel_numa.options import AgentOptions, from_json
+
+OPTIONS_ENV = "OTEL_NUMA_RESOLVED_OPTIONS"
+log = logging.getLogger("otel_numa")
+
+
+def run(options: AgentOptions) -> int:
+    """Serve until SIGTERM/SIGINT; flush and exit within 5 s."""
+    from otel_numa.agent import Agent  # after logging, so import-time warnings are formatted
+
+    agent = Agent(options)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        agent.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent.start()
+    except OSError as exc:  # e.g. the Prometheus port is taken
+        log.error("cannot start: %s", exc)
+        agent.stop(timeout_s=1)
+        return 1
+    agent.wait()
+    agent.stop()
+    log.info("stopped")
+    return 0
+
+
+def exec_serve(options: AgentOptions, shown_args: list[str]) -> None:
+    """Replace this process with one that serves ``options`` (``shown_args`` keep ``ps`` informative)."""
+    from otel_numa.options import to_json
+
+    os.environ[OPTIONS_ENV] = to_json(options)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "otel_numa.serve", *shown_args])
+
+
+def main() -> int:
+    text = os.environ.pop(OPTIONS_ENV, None)
+    if text is None:
+        print("otel-numa: start the agent with the otel-numa command", file=sys.stderr)
+        return 2
+    options = from_json(text)
+    setup_logging(options.log_level)
+    return run(options)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
