@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,26 +143,49 @@ class Prometheus:
         }
 
     def targets_up(self) -> bool:
-        _, body = http_get(f"http://127.0.0.1:{self.port}/api/v1/targets")
-        targets = json.loads(body)["data"]["activeTargets"]
+        targets = self.targets()
         return bool(targets) and all(t["health"] == "up" for t in targets)
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The active targets as the API gives them (``health``, ``lastError``, ``scrapePool``, ...)."""
+        _, body = http_get(f"http://127.0.0.1:{self.port}/api/v1/targets")
+        targets: list[dict[str, Any]] = json.loads(body)["data"]["activeTargets"]
+        return targets
+
+
+@dataclass(frozen=True)
+class ScrapeJob:
+    name: str
+    targets: Sequence[str]
+    # given: scrape over https with this tls_config (ca_file, cert_file, key_file, server_name, ...)
+    tls_config: Mapping[str, str] | None = None
+
+    def yaml(self) -> str:
+        lines = [f"  - job_name: {self.name}"]
+        if self.tls_config is not None:
+            lines += ["    scheme: https", "    tls_config:"]
+            lines += [f"      {key}: {json.dumps(value)}" for key, value in self.tls_config.items()]
+        lines += ["    static_configs:", f"      - targets: [{', '.join(repr(t) for t in self.targets)}]"]
+        return "\n".join(lines) + "\n"
 
 
 @contextmanager
 def run_prometheus(
-    tmp_path: Path, targets: Sequence[str], scrape_interval: str = "1s"
+    tmp_path: Path,
+    targets: Sequence[str],
+    scrape_interval: str = "1s",
+    tls_config: Mapping[str, str] | None = None,
+    extra_jobs: Sequence[ScrapeJob] = (),
 ) -> Iterator[Prometheus]:
     binary = require_binary("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
+    jobs = [ScrapeJob("otel-numa", targets, tls_config), *extra_jobs]
     config.write_text(
         "global:\n"
         f"  scrape_interval: {scrape_interval}\n"
         f"  scrape_timeout: {scrape_interval}\n"
-        "scrape_configs:\n"
-        "  - job_name: otel-numa\n"
-        "    static_configs:\n"
-        f"      - targets: [{', '.join(repr(t) for t in targets)}]\n"
+        "scrape_configs:\n" + "".join(job.yaml() for job in jobs)
     )
     data = tmp_path / "prometheus-data"
     log_path = tmp_path / "prometheus.log"
@@ -296,7 +319,8 @@ def rotel_binary() -> Path:
 
 
 @contextmanager
-def run_rotel(tmp_path: Path) -> Iterator[Rotel]:
+def run_rotel(tmp_path: Path, verbosity: str = "detailed") -> Iterator[Rotel]:
+    """rotel logging what it receives: ``detailed`` (every data point) or ``basic`` (one line per batch)."""
     grpc_port, http_port = free_port(), free_port()
     log_path = tmp_path / f"rotel-{grpc_port}.log"
     with open(log_path, "wb") as log_file:
@@ -309,7 +333,7 @@ def run_rotel(tmp_path: Path) -> Iterator[Rotel]:
                 "--debug-log",
                 "metrics",
                 "--debug-log-verbosity",
-                "detailed",
+                verbosity,
                 "--otlp-grpc-endpoint",
                 f"127.0.0.1:{grpc_port}",
                 "--otlp-http-endpoint",
@@ -335,6 +359,162 @@ def run_rotel(tmp_path: Path) -> Iterator[Rotel]:
 
         wait_for(listening, 20, "rotel to listen")
         yield rotel
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# nginx: a real TLS terminator in front of rotel ------------------------------------------------
+
+
+def nginx_binary() -> str:
+    # Debian puts it in /usr/sbin, which a non-login shell's PATH may lack.
+    return shutil.which("nginx") or require_binary("/usr/sbin/nginx")
+
+
+@dataclass(frozen=True)
+class ProxiedRequest:
+    """One line of the terminator's access log."""
+
+    port: int
+    status: int
+    uri: str
+    content_encoding: str  # HTTP body compression ("gzip"), "" when none
+    grpc_encoding: str  # gRPC message compression ("gzip"), "" when none
+    client_subject: str  # the verified client certificate's subject, "" when none
+
+
+# Tab-separated; nginx writes "-" for an empty variable.
+_ACCESS_LOG_FIELDS = (
+    "$server_port",
+    "$status",
+    "$request_uri",
+    "$http_content_encoding",
+    "$http_grpc_encoding",
+    "$ssl_client_s_dn",
+)
+
+
+@dataclass
+class OtlpTlsProxy:
+    grpc_port: int
+    http_port: int
+    directory: Path
+    process: subprocess.Popen[bytes]
+
+    def requests(self) -> list[ProxiedRequest]:
+        path = self.directory / "access.log"
+        if not path.exists():
+            return []
+        result = []
+        for line in path.read_text(errors="replace").splitlines():
+            fields = [("" if value == "-" else value) for value in line.split("\t")]
+            if len(fields) == len(_ACCESS_LOG_FIELDS):
+                port, status, uri, content_encoding, grpc_encoding, subject = fields
+                result.append(
+                    ProxiedRequest(int(port), int(status), uri, content_encoding, grpc_encoding, subject)
+                )
+        return result
+
+    def error_log(self) -> str:
+        path = self.directory / "error.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _nginx_config(
+    directory: Path,
+    grpc_port: int,
+    http_port: int,
+    rotel: Rotel,
+    tls: Sequence[str],
+    header_check: str,
+) -> str:
+    tls_lines = "\n        ".join(tls)
+    temp_paths = "\n    ".join(
+        f"{kind}_temp_path {directory / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    log_format = "\\t".join(_ACCESS_LOG_FIELDS)  # nginx turns the escape into a tab
+    return f"""daemon off;
+worker_processes 1;
+pid {directory / "nginx.pid"};
+error_log {directory / "error.log"} info;
+events {{ worker_connections 64; }}
+http {{
+    {temp_paths}
+    log_format otlp "{log_format}";
+    access_log {directory / "access.log"} otlp;
+    server {{
+        listen 127.0.0.1:{grpc_port} ssl http2;
+        {tls_lines}
+        location / {{
+            {header_check}
+            grpc_pass grpc://127.0.0.1:{rotel.grpc_port};
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{http_port} ssl;
+        {tls_lines}
+        location / {{
+            {header_check}
+            proxy_pass http://127.0.0.1:{rotel.http_port};
+        }}
+    }}
+}}
+"""
+
+
+@contextmanager
+def run_otlp_tls_proxy(
+    tmp_path: Path,
+    rotel: Rotel,
+    cert_file: Path,
+    key_file: Path,
+    *,
+    required_header: tuple[str, str],
+    client_ca_file: Path | None = None,
+) -> Iterator[OtlpTlsProxy]:
+    """nginx terminating TLS for rotel: gRPC (HTTP/2, grpc_pass) and OTLP/HTTP (proxy_pass) on two ports.
+
+    A request without ``required_header`` (name, exact value) is answered 401; with ``client_ca_file``,
+    a client without a certificate signed by that CA is refused too.
+    """
+    directory = tmp_path / f"nginx-{rotel.grpc_port}"
+    directory.mkdir()
+    grpc_port, http_port = free_port(), free_port()
+    tls = [f"ssl_certificate {cert_file};", f"ssl_certificate_key {key_file};"]
+    if client_ca_file is not None:
+        tls += [f"ssl_client_certificate {client_ca_file};", "ssl_verify_client on;"]
+    variable = "$http_" + required_header[0].lower().replace("-", "_")
+    header_check = f"if ({variable} != {json.dumps(required_header[1])}) {{ return 401; }}"
+    (directory / "nginx.conf").write_text(
+        _nginx_config(directory, grpc_port, http_port, rotel, tls, header_check)
+    )
+    output_path = directory / "nginx.out"
+    with open(output_path, "wb") as output:
+        process = subprocess.Popen(
+            [nginx_binary(), "-p", str(directory), "-e", str(directory / "error.log"), "-c", "nginx.conf"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            cwd=directory,
+        )
+    proxy = OtlpTlsProxy(grpc_port, http_port, directory, process)
+    try:
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"nginx exited: {output_path.read_text()}{proxy.error_log()}")
+            for port in (grpc_port, http_port):
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    pass
+            return True
+
+        wait_for(listening, 20, "nginx to listen")
+        yield proxy
     finally:
         process.terminate()
         try:
