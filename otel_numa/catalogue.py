@@ -317,7 +317,7 @@ METRICS: tuple[MetricSpec, ...] = (
         G.CONTAINERS,
         [S.CRI],
         "Always 1: a running container with its allowlisted pod labels, annotations and environment.",
-        attributes=("k8s.pod.uid", "k8s.container.name", "label_*", "annotation_*", "env_*"),
+        attributes=(*POD_CONTAINER, "label_*", "annotation_*", "env_*"),
         meaning="value 1; only with runtime enrichment in `info` mode",
     ),
     # usage per container (cgroups) -------------------------------------------------------------------

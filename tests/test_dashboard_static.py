@@ -20,6 +20,8 @@ import promql_parser
 import pytest
 import yaml
 
+from otel_numa import catalogue
+
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "config" / "grafana" / "dashboards" / "otel-numa.json"
 
@@ -291,6 +293,19 @@ def test_catalogue_follows_design_naming() -> None:
         "numa_container_cpu_time_seconds_total",
         "numa_agent_source_errors_total",
     }
+
+
+def test_the_metric_catalogue_agrees_with_the_design_table() -> None:
+    """The catalogue (which registers the instruments) names the same series with the same labels as the
+    table above, written by hand from DESIGN.md; the catalogue may add only the agent's own health series
+    and numainfo_exporter's."""
+    specs = {spec.prometheus_name: spec for spec in catalogue.METRICS}
+    for name, labels in METRIC_LABELS.items():
+        assert name in specs, f"{name} is not in the catalogue"
+        exported = {a.replace(".", "_") for a in specs[name].attributes if not a.endswith("*")}
+        assert exported == labels, name
+    extra = set(specs) - set(METRIC_LABELS)
+    assert all(name.startswith(("numa_agent_", "numainfo_")) for name in extra), extra
 
 
 # ---------------------------------------------------------------- evaluation by Prometheus
