@@ -1,4 +1,4 @@
-"""The agent on the largest node it is sized for (issue 7's benchmark).
+"""The agent on the largest node it is sized for.
 
 The node: 16 NUMA nodes, 1,024 CPUs, 4 hugepage sizes, 250 pods x 4 containers in the CPU, memory and
 device checkpoints, 64 devices over 4 resources (otel_numa/testing/large_node.py). Measured in one run:
@@ -75,7 +75,7 @@ def summary(samples: list[float]) -> tuple[float, float]:
 def in_process(node: LargeNode, rounds: int) -> dict[str, tuple[float, float]]:
     """Collection rounds, unchanged and with every checkpoint rewritten, and whole Prometheus collections."""
     settings = Settings(**node.settings_values(), exporters=("prometheus",))  # type: ignore[arg-type]
-    agent = Agent(settings)
+    agent = Agent(settings.to_options())
     results = {
         "background refresh (cgroups, ...)": summary(cpu_ms(agent.refresh_background, max(10, rounds // 10)))
     }
@@ -86,7 +86,7 @@ def in_process(node: LargeNode, rounds: int) -> dict[str, tuple[float, float]]:
     )
     node.write_checkpoints(0)
     agent.store.refresh()
-    pipeline = build_pipeline(settings, agent.store, exporters=("prometheus",))
+    pipeline = build_pipeline(settings.to_options(), agent.store, exporters=("prometheus",))
     registry = pipeline.registry
     assert registry is not None
     generate_latest(registry)
@@ -111,9 +111,9 @@ def otlp_export(
             otlp_protocol=protocol,
             interval=3600,
         )
-        agent = Agent(settings)
+        agent = Agent(settings.to_options())
         agent.refresh_background()
-        pipeline = build_pipeline(settings, agent.store)
+        pipeline = build_pipeline(settings.to_options(), agent.store)
         pipeline.push(timeout_s=10)
         results[f"OTLP push, {protocol}"] = summary(cpu_ms(partial(pipeline.push, timeout_s=10), pushes))
         pipeline.shutdown(timeout_s=2)
@@ -126,9 +126,9 @@ def otlp_export(
 def soak(root: Path, rounds: int) -> dict[int, float]:
     node = large_node_at(root)
     settings = Settings(**node.settings_values(), exporters=("prometheus",))  # type: ignore[arg-type]
-    agent = Agent(settings)
+    agent = Agent(settings.to_options())
     refresh_background = agent.refresh_background
-    pipeline = build_pipeline(settings, agent.store, exporters=("prometheus",))
+    pipeline = build_pipeline(settings.to_options(), agent.store, exporters=("prometheus",))
     registry = pipeline.registry
     assert registry is not None
     process = psutil.Process()

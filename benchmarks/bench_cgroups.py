@@ -1,4 +1,4 @@
-"""Cost of per-container NUMA usage on a node with 250 pods x 4 containers (issue 8's benchmark).
+"""Cost of per-container NUMA usage on a node with 250 pods x 4 containers.
 
 Two machines from :mod:`otel_numa.testing.large_node`, both with 1,000 containers in a cgroup v2 tree (systemd
 driver) and their ``/var/log/containers`` links: 2 NUMA nodes x 512 CPUs (512 GiB each), and the
@@ -34,10 +34,11 @@ from prometheus_client import generate_latest
 
 from benchmarks.harness import count_series, machine_details, median, percentile
 from otel_numa.agent import Agent
+from otel_numa.catalogue import MetricGroup
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.model import Allocation
 from otel_numa.pipeline import build_pipeline
-from otel_numa.settings import MetricGroup, Settings
+from otel_numa.settings import Settings
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cgroups import PAGE_SIZE
 from otel_numa.testing.cgroup_tree import V2_TYPES, render_numa_stat_v2
@@ -96,9 +97,9 @@ def measure(spec: LargeNodeSpec, rounds: int, work: Path) -> list[str]:
     )
     for label, disable in switches:
         settings = Settings(**values, disable=disable)
-        agent = Agent(settings)
+        agent = Agent(settings.to_options())
         agent.exposition_once()  # one refresh of the cgroups, as --once does
-        pipeline = build_pipeline(settings, agent.store, exporters=("prometheus",))
+        pipeline = build_pipeline(settings.to_options(), agent.store, exporters=("prometheus",))
         assert pipeline.registry is not None
         registry = pipeline.registry
         page = generate_latest(registry)
@@ -106,7 +107,7 @@ def measure(spec: LargeNodeSpec, rounds: int, work: Path) -> list[str]:
         scrape[label] = (cpu, count_series(page))
         pipeline.shutdown(timeout_s=1)
 
-    machine = Agent(Settings(**values)).store.refresh().machine
+    machine = Agent(Settings(**values).to_options()).store.refresh().machine
 
     def join_again() -> None:
         collector.containers(Allocation(), machine)  # a new allocation object forces the join

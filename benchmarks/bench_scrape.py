@@ -1,4 +1,4 @@
-"""Scrape cost of the agent beside node_exporter on the same trees (issue 2's benchmark).
+"""Scrape cost of the agent beside node_exporter on the same trees.
 
 Two trees: the largest hwloc snapshot (by CPU count) and a generated 8-node, 384-CPU machine. On each,
 the agent runs with both readers on (Prometheus, and OTLP over gRPC pushing every second to a real rotel

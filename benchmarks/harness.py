@@ -1,21 +1,28 @@
 """Measuring the agent beside Debian's prometheus-node-exporter, both as real processes on loopback.
 
-CPU is the process's own user+system time (psutil, every thread counted), so the client doing the
-scraping is never billed to the target. Scrapes alternate between the two targets, so a noisy neighbour
-on a small machine slows both alike and the ratios stay meaningful.
+CPU is the target's own time, every thread and child process counted, so the client doing the scraping is
+never billed to the target. Where a writable cgroup v2 hierarchy exists (as root: ``/sys/fs/cgroup`` or the
+hybrid ``/sys/fs/cgroup/unified``) each target starts in a cgroup of its own and its CPU is that cgroup's
+``cpu.stat`` ``usage_usec``: microsecond resolution, short-lived threads included. Elsewhere it is psutil's
+user+system time of the process tree, in clock ticks (10 ms), good only over many scrapes. Scrapes
+alternate between the two targets, so a noisy neighbour on a small machine slows both alike and the ratios
+stay meaningful.
 """
 
 from __future__ import annotations
 
+import gzip
 import http.client
+import itertools
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -38,19 +45,114 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def http_status(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+# What Prometheus sends when it scrapes (OpenMetrics first), and the compression it accepts.
+PROMETHEUS_SCRAPE_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One scrape's answer: the body as sent (maybe gzip) and as text."""
+
+    status: int
+    content_type: str
+    wire_bytes: int
+    body: bytes  # decompressed
+
+
+def http_page(port: int, path: str, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None) -> Page:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     try:
-        connection.request("GET", path)
+        connection.request("GET", path, headers=dict(headers or {}))
         response = connection.getresponse()
-        return response.status, response.read()
+        raw = response.read()
+        body = gzip.decompress(raw) if response.getheader("Content-Encoding") == "gzip" else raw
+        return Page(response.status, response.getheader("Content-Type", ""), len(raw), body)
     finally:
         connection.close()
+
+
+def http_status(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    page = http_page(port, path, timeout_s)
+    return page.status, page.body
 
 
 def count_series(page: bytes) -> int:
     """Samples on a Prometheus text page: every line that is neither blank nor a comment."""
     return sum(1 for line in page.splitlines() if line and not line.startswith(b"#"))
+
+
+def _cgroup2_root() -> Path | None:
+    """Where a cgroup v2 hierarchy is mounted writable (pure v2 or the hybrid ``unified`` mount)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup2" and "rw" in fields[3].split(","):
+            return Path(fields[1])
+    return None
+
+
+_cgroup_serial = itertools.count()
+
+
+class CpuClock:
+    """CPU seconds of one target: its own cgroup's ``usage_usec`` where possible, else psutil (ticks)."""
+
+    def __init__(self, name: str) -> None:
+        self.cgroup: Path | None = None
+        root = _cgroup2_root()
+        if root is not None and os.geteuid() == 0:
+            candidate = root / f"otel-numa-bench-{os.getpid()}-{next(_cgroup_serial)}-{name}"
+            try:
+                candidate.mkdir()
+                if os.access(candidate / "cgroup.procs", os.W_OK) and (candidate / "cpu.stat").exists():
+                    self.cgroup = candidate
+                else:
+                    candidate.rmdir()
+            except OSError:
+                pass
+
+    @property
+    def kind(self) -> str:
+        return "cgroup v2 cpu.stat (µs)" if self.cgroup is not None else "psutil process times (10 ms ticks)"
+
+    def enter(self) -> None:
+        """Runs in the child between fork and exec: the target starts inside the cgroup."""
+        if self.cgroup is not None:
+            (self.cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    def seconds(self, process: psutil.Process) -> float:
+        if self.cgroup is not None:
+            for line in (self.cgroup / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+        total = 0.0
+        for member in _tree(process):
+            try:
+                times = member.cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            with suppress(OSError):  # a process still inside (killed late): an empty cgroup is harmless
+                self.cgroup.rmdir()
+
+
+def _tree(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass
@@ -61,26 +163,36 @@ class Target:
     process: subprocess.Popen[bytes]
     port: int
     startup_s: float  # process start until it answered its readiness URL
+    clock: CpuClock = field(default_factory=lambda: CpuClock("unused"))
 
     @property
     def ps(self) -> psutil.Process:
         return psutil.Process(self.process.pid)
 
     def cpu_s(self) -> float:
-        times = self.ps.cpu_times()
-        return float(times.user + times.system)
+        return self.clock.seconds(self.ps)
 
     def rss_bytes(self) -> int:
-        return int(self.ps.memory_info().rss)
+        """Resident memory of the process and its children (a launcher that forks counts whole)."""
+        return sum(int(member.memory_info().rss) for member in _tree(self.ps))
+
+    def uss_bytes(self) -> int:
+        """Memory of the process tree alone (shared library pages not counted)."""
+        return sum(int(member.memory_full_info().uss) for member in _tree(self.ps))
 
     def scrape(self) -> tuple[float, bytes]:
         """One scrape on a fresh connection, as Prometheus does by default: (seconds, body)."""
+        elapsed, page = self.scrape_page()
+        return elapsed, page.body
+
+    def scrape_page(self, headers: Mapping[str, str] | None = None) -> tuple[float, Page]:
+        """One scrape on a fresh connection with ``headers``: (seconds, page)."""
         started = time.perf_counter()
-        status, body = http_status(self.port, "/metrics", timeout_s=30)
+        page = http_page(self.port, "/metrics", timeout_s=60, headers=headers)
         elapsed = time.perf_counter() - started
-        if status != 200:
-            raise RuntimeError(f"{self.name}: /metrics answered {status}")
-        return elapsed, body
+        if page.status != 200:
+            raise RuntimeError(f"{self.name}: /metrics answered {page.status}")
+        return elapsed, page
 
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, path: str, what: str, timeout_s: float) -> float:
@@ -99,9 +211,22 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, path: str, what: st
 
 
 @contextmanager
-def _running(command: Sequence[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _running(
+    command: Sequence[str],
+    log_path: Path,
+    clock: CpuClock | None = None,
+    cwd: Path = REPO,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(list(command), stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
+        process = subprocess.Popen(
+            list(command),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            preexec_fn=clock.enter if clock is not None and clock.cgroup is not None else None,
+        )
     try:
         yield process
     finally:
@@ -114,14 +239,25 @@ def _running(command: Sequence[str], log_path: Path) -> Iterator[subprocess.Pope
                 process.wait()
 
 
+def agent_command(agent_tree: Path | None = None) -> tuple[list[str], Path, dict[str, str] | None]:
+    """(command, cwd, environment) that start the agent: the checkout's ``otel-numa`` console script, or
+    ``python -m otel_numa`` from another source tree (e.g. ``git archive HEAD otel_numa``) to compare."""
+    if agent_tree is not None:
+        env = dict(os.environ, PYTHONPATH=str(agent_tree))
+        return [sys.executable, "-m", "otel_numa"], agent_tree, env
+    script = Path(sys.executable).parent / "otel-numa"
+    return ([str(script)] if script.exists() else [sys.executable, "-m", "otel_numa"]), REPO, None
+
+
 @contextmanager
-def run_agent(agent_args: Sequence[str], work: Path, name: str = "otel-numa") -> Iterator[Target]:
-    """``python -m otel_numa`` serving on free loopback ports; start-up ends at /readyz 200."""
+def run_agent(
+    agent_args: Sequence[str], work: Path, name: str = "otel-numa", agent_tree: Path | None = None
+) -> Iterator[Target]:
+    """The agent serving on free loopback ports, in a CPU clock of its own; start-up ends at /readyz 200."""
     port, health = free_port(), free_port()
+    start, cwd, env = agent_command(agent_tree)
     command = [
-        sys.executable,
-        "-m",
-        "otel_numa",
+        *start,
         *agent_args,
         "--prometheus-address",
         f"127.0.0.1:{port}",
@@ -130,9 +266,13 @@ def run_agent(agent_args: Sequence[str], work: Path, name: str = "otel-numa") ->
         "--log-level",
         "warning",
     ]
-    with _running(command, work / f"{name}-{port}.log") as process:
-        startup = _wait_ready(process, health, "/readyz", name, 60)
-        yield Target(name, process, port, startup)
+    clock = CpuClock(name)
+    try:
+        with _running(command, work / f"{name}-{port}.log", clock, cwd, env) as process:
+            startup = _wait_ready(process, health, "/readyz", name, 60)
+            yield Target(name, process, port, startup, clock)
+    finally:
+        clock.close()
 
 
 def node_exporter_binary() -> str:
@@ -156,9 +296,13 @@ def run_node_exporter(sysfs_root: Path, procfs_root: Path, work: Path) -> Iterat
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
-    with _running(command, work / f"node-exporter-{port}.log") as process:
-        startup = _wait_ready(process, port, "/metrics", NODE_EXPORTER, 30)
-        yield Target("node_exporter", process, port, startup)
+    clock = CpuClock("node-exporter")
+    try:
+        with _running(command, work / f"node-exporter-{port}.log", clock) as process:
+            startup = _wait_ready(process, port, "/metrics", NODE_EXPORTER, 30)
+            yield Target("node_exporter", process, port, startup, clock)
+    finally:
+        clock.close()
 
 
 @dataclass(frozen=True)
@@ -179,28 +323,42 @@ class ScrapeStats:
         return self.cpu_per_scrape_ms * 1000 / self.series if self.series else float("nan")
 
 
-def compare_scrapes(targets: Sequence[Target], scrapes: int, idle_s: float = 2.0) -> list[ScrapeStats]:
-    """Warm up, measure each target's idle CPU rate, then ``scrapes`` rounds of one scrape per target."""
-    bodies = {}
-    for target in targets:
-        for _ in range(3):
-            bodies[target.name] = target.scrape()[1]
+def idle_rates(targets: Sequence[Target], idle_s: float) -> dict[str, float]:
+    """Each target's CPU seconds per second while nobody scrapes it (timers, background rounds)."""
     idle_start = {target.name: target.cpu_s() for target in targets}
     time.sleep(idle_s)
-    idle_rate = {target.name: (target.cpu_s() - idle_start[target.name]) / idle_s for target in targets}
+    return {target.name: (target.cpu_s() - idle_start[target.name]) / idle_s for target in targets}
+
+
+def compare_scrapes(
+    targets: Sequence[Target],
+    scrapes: int,
+    idle_s: float = 2.0,
+    headers: Mapping[str, str] | None = None,
+    idle_rate: Mapping[str, float] | None = None,
+    warm_up: int = 3,
+) -> list[ScrapeStats]:
+    """Warm up, measure each target's idle CPU rate (unless given), then ``scrapes`` rounds of one scrape
+    per target, each with ``headers``."""
+    bodies = {}
+    for target in targets:
+        for _ in range(warm_up):
+            bodies[target.name] = target.scrape_page(headers)[1].body
+    rates = dict(idle_rate) if idle_rate is not None else idle_rates(targets, idle_s)
 
     latencies: dict[str, list[float]] = {target.name: [] for target in targets}
     cpu_before = {target.name: target.cpu_s() for target in targets}
     started = time.perf_counter()
     for _ in range(scrapes):
         for target in targets:
-            elapsed, bodies[target.name] = target.scrape()
+            elapsed, page = target.scrape_page(headers)
+            bodies[target.name] = page.body
             latencies[target.name].append(elapsed)
     duration = time.perf_counter() - started
 
     results = []
     for target in targets:
-        spent = target.cpu_s() - cpu_before[target.name] - idle_rate[target.name] * duration
+        spent = target.cpu_s() - cpu_before[target.name] - rates[target.name] * duration
         results.append(
             ScrapeStats(
                 name=target.name,
@@ -208,10 +366,10 @@ def compare_scrapes(targets: Sequence[Target], scrapes: int, idle_s: float = 2.0
                 latency_median_ms=median(latencies[target.name]) * 1000,
                 latency_p95_ms=percentile(latencies[target.name], 0.95) * 1000,
                 cpu_per_scrape_ms=max(spent, 0.0) / scrapes * 1000,
-                idle_cpu_ms_per_s=idle_rate[target.name] * 1000,
+                idle_cpu_ms_per_s=rates[target.name] * 1000,
                 series=count_series(bodies[target.name]),
                 rss_mb=target.rss_bytes() / 2**20,
-                uss_mb=target.ps.memory_full_info().uss / 2**20,
+                uss_mb=target.uss_bytes() / 2**20,
                 startup_s=target.startup_s,
             )
         )

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Run every benchmark (about 5 minutes on 2 cores, loopback only) and keep the output.
-# Usage: bash benchmarks/run_all.sh [OUTPUT_DIR]   (default: benchmarks/out, git-ignored)
+# The cost benchmarks: the agent beside node_exporter on three trees (bench_cost, at most ~10 minutes on
+# 2 cores, loopback only). Tables are printed and written to benchmarks/out/ (git-ignored).
+# Usage: bash benchmarks/run_all.sh [--quick] [--all] [bench_cost options, e.g. --trees 2x32]
+#   --quick  a smoke run (3 scrapes and 2 cycles per tree)
+#   --all    afterwards also the older scrape and largest-node benchmarks (about 8 minutes more)
 # Needs the test extras (.venv from scripts/setup.sh --test, for rotel) and Debian's prometheus-node-exporter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-benchmarks/out}"
-mkdir -p "$out"
 python=".venv/bin/python"
-timeout 300 "$python" -m benchmarks.bench_scrape --json "$out/scrape.json" | tee "$out/scrape.md"
-timeout 480 "$python" -m benchmarks.bench_agent --json "$out/agent.json" | tee "$out/agent.md"
+out="benchmarks/out"
+all=0
+args=()
+for arg in "$@"; do
+    if [ "$arg" = "--all" ]; then all=1; else args+=("$arg"); fi
+done
+mkdir -p "$out"
+timeout 900 "$python" -m benchmarks.bench_cost --out "$out" "${args[@]}"
+if [ $all -eq 1 ]; then
+    timeout 300 "$python" -m benchmarks.bench_scrape --json "$out/scrape.json" | tee "$out/scrape.md"
+    timeout 480 "$python" -m benchmarks.bench_agent --json "$out/agent.json" | tee "$out/agent.md"
+fi

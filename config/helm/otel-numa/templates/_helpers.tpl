@@ -1,0 +1,147 @@
+{{/* The chart's name (app.kubernetes.io/name of the agent). */}}
+{{- define "otel-numa.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object names: the release name when it already contains the chart name, else release-chart. */}}
+{{- define "otel-numa.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "otel-numa.gatewayName" -}}
+{{- printf "%s-gateway" (include "otel-numa.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "otel-numa.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "otel-numa.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Helm's bookkeeping labels, on objects only (never on pod templates: a chart bump alone must not roll the pods). */}}
+{{- define "otel-numa.chartLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "otel-numa.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "otel-numa.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{/* Labels of the agent's pods (the kustomize base's, plus podLabels). */}}
+{{- define "otel-numa.podLabels" -}}
+app.kubernetes.io/name: {{ include "otel-numa.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+app.kubernetes.io/part-of: otel-numa
+{{- end }}
+
+{{- define "otel-numa.labels" -}}
+{{ include "otel-numa.podLabels" . }}
+{{ include "otel-numa.chartLabels" . }}
+{{- end }}
+
+{{- define "otel-numa.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "otel-numa.name" . }}-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "otel-numa.gatewayPodLabels" -}}
+{{ include "otel-numa.gatewaySelectorLabels" . }}
+app.kubernetes.io/component: gateway
+app.kubernetes.io/part-of: otel-numa
+{{- end }}
+
+{{- define "otel-numa.gatewayLabels" -}}
+{{ include "otel-numa.gatewayPodLabels" . }}
+{{ include "otel-numa.chartLabels" . }}
+{{- end }}
+
+{{- define "otel-numa.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The Prometheus page is served over HTTPS: by the agent (tls.enabled) or by the RBAC proxy. */}}
+{{- define "otel-numa.scheme" -}}
+{{- if or .Values.tls.enabled .Values.rbacProxy.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{- define "otel-numa.clientCASecret" -}}
+{{- default .Values.tls.secretName .Values.tls.clientCA.secretName }}
+{{- end }}
+
+{{/* Where the agent pushes OTLP: the configured endpoint, else this chart's gateway. */}}
+{{- define "otel-numa.otlpEndpoint" -}}
+{{- if .Values.otlp.endpoint }}
+{{- .Values.otlp.endpoint }}
+{{- else if .Values.gateway.enabled }}
+{{- $port := ternary 4317 4318 (eq .Values.otlp.protocol "grpc") }}
+{{- printf "http://%s.%s.svc:%d" (include "otel-numa.gatewayName" .) .Release.Namespace $port }}
+{{- else if has "otlp" .Values.exporters }}
+{{- fail "exporters includes otlp: set otlp.endpoint, or gateway.enabled=true for this chart's collector gateway" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Scrape settings shared by the ServiceMonitor and the PodMonitor endpoint. The job label is always
+"otel-numa" (the alert rules select up{job="otel-numa"}); k8s_node_name comes from the pod's node, so even
+`up` names the node, and honorLabels keeps the agent's own k8s_node_name on its series.
+Arguments: (dict "root" $ "monitor" .Values.serviceMonitor "kind" "ServiceMonitor").
+*/}}
+{{- define "otel-numa.scrapeEndpoint" -}}
+{{- $root := .root }}
+{{- $monitor := .monitor -}}
+path: /metrics
+scheme: {{ include "otel-numa.scheme" $root }}
+interval: {{ $monitor.interval }}
+scrapeTimeout: {{ $monitor.scrapeTimeout }}
+honorLabels: true
+relabelings:
+  - action: replace
+    sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: k8s_node_name
+  - action: replace
+    targetLabel: job
+    replacement: otel-numa
+  {{- with $monitor.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if eq (include "otel-numa.scheme" $root) "https" }}
+{{- $tls := dict }}
+{{- if $root.Values.tls.enabled }}
+{{- $_ := set $tls "ca" (dict "secret" (dict "name" $root.Values.tls.secretName "key" $root.Values.tls.caKey)) }}
+{{- $_ := set $tls "serverName" (printf "%s.%s.svc" (include "otel-numa.fullname" $root) $root.Release.Namespace) }}
+{{- else }}
+{{- /* kube-rbac-proxy without a certificate of ours serves a self-signed one */}}
+{{- $_ := set $tls "insecureSkipVerify" true }}
+{{- end }}
+{{- $tls = mergeOverwrite $tls (deepCopy $monitor.tlsConfig) }}
+{{- if and $root.Values.tls.enabled $root.Values.tls.clientCA.enabled (not (or $tls.cert $tls.certFile)) }}
+{{- fail (printf "tls.clientCA.enabled: the agent requires client certificates, so %s.tlsConfig needs cert and keySecret (Prometheus's client certificate)" (untitle .kind)) }}
+{{- end }}
+tlsConfig:
+  {{- toYaml $tls | nindent 2 }}
+{{- end }}
+{{- with $monitor.authorization }}
+authorization:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
