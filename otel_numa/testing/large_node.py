@@ -13,11 +13,22 @@ The files come from the existing builders (:mod:`otel_numa.testing.sysfs_tree`,
 gets what. The plan is also returned as plain numbers (:class:`ExpectedAllocation`), so a test can check
 the agent's series against it.
 
-Placement: container ``c`` (global index, pods in order) is pinned to one exclusive CPU on NUMA node
-``(c + generation) % numa_nodes``, the first ``reserved_cpus_per_node`` CPUs of every node forming the
-kubelet's reserved, shared pool. Its memory block (and, for the first container of each pod, a hugepage
-block) sits on the same node. Device ``k`` of a resource is on NUMA node ``k % numa_nodes``, except that
-the last resource has no NUMA affinity (``-1``); the first ``devices`` containers get one device each.
+Placement: every ``exclusive_pod_every``-th pod (pod index divisible by it; by default every pod) is a
+Guaranteed pod whose containers have exclusive CPUs; the others are Burstable or BestEffort pods running
+in the shared pool. Exclusive container ``c`` (global index among the exclusive ones, pods in order) is
+pinned to one exclusive CPU on NUMA node ``(c + generation) % numa_nodes``, the first
+``reserved_cpus_per_node`` CPUs of every node forming the kubelet's reserved, shared pool. Its memory block
+(and, for one container of each pod, a hugepage block) sits on the same node. Device ``k`` of a resource is
+on NUMA node ``k % numa_nodes``, except that the last resource has no NUMA affinity (``-1``); the first
+``devices`` exclusive containers get one device each.
+
+Cgroups (v2, systemd driver): an exclusive container's cpuset is its CPU and its node, and all its memory
+is there; a shared container's cpuset is the shared pool on every node, and its memory is spread over
+``shared_memory_nodes`` nodes from its home node ``pod index % numa_nodes``.
+:meth:`LargeNode.write_cgroup_usage` rewrites the usage files (``memory.numa_stat``, ``cpu.stat``) with the
+values of another generation: anon and file memory and CPU time grow with the generation, the way a running
+node's do between two scrapes. :meth:`LargeNode.podresources_state` is the kubelet's podresources answer for
+the same plan, for :mod:`otel_numa.testing.podresources_server`.
 """
 
 from __future__ import annotations
@@ -28,9 +39,20 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from otel_numa.testing.cgroup_tree import FakePod, make_pods, write_cgroup_tree
+from otel_numa.sources.files import format_cpulist
+from otel_numa.testing.cgroup_tree import (
+    PAGE_SIZE,
+    FakeContainer,
+    FakePod,
+    Qos,
+    container_dir,
+    make_pods,
+    render_numa_stat_v2,
+    write_cgroup_tree,
+)
 from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,
@@ -64,6 +86,11 @@ class LargeNodeSpec:
     memory_layout: str = "v2"
     cgroups: bool = True  # write a cgroup v2 tree (systemd driver) for the containers
     namespace: str = "bench"
+    exclusive_pod_every: int = 1  # every n-th pod is Guaranteed with exclusive CPUs; the others share
+    shared_memory_nodes: int = 3  # nodes a shared-pool container's memory is spread over
+
+    def exclusive(self, pod_index: int) -> bool:
+        return pod_index % self.exclusive_pod_every == 0
 
     @property
     def cpus(self) -> int:
@@ -226,11 +253,14 @@ class LargeNode:
         }
         sizes = spec.hugepage_sizes_kib
         placements: list[_Placement] = []
+        serial = -1
         for pod_index, pod in enumerate(self.pods):
+            if not spec.exclusive(pod_index):
+                continue  # shared-pool pods have no checkpoint entries
             # one container per pod asks for a hugepage, chosen so that consecutive pods use different nodes
             hugepage_container = (pod_index // spec.containers_per_pod) % spec.containers_per_pod
             for index in range(spec.containers_per_pod):
-                serial = pod_index * spec.containers_per_pod + index
+                serial += 1
                 numa = (serial + generation) % spec.numa_nodes
                 if not free_cpus[numa]:
                     raise ValueError(f"NUMA node {numa} has too few CPUs for {spec.containers} containers")
@@ -346,6 +376,160 @@ class LargeNode:
         for path, data in self.checkpoint_bytes(generation).items():
             write_atomically(path, data)
 
+    # podresources -------------------------------------------------------------------------------
+
+    def podresources_state(self, generation: int = 0) -> dict[str, Any]:
+        """The kubelet's podresources answer for the plan of ``generation``, as the JSON document that
+        ``python -m otel_numa.testing.podresources_server --state`` reads (protobuf JSON field names)."""
+        spec = self.spec
+        placements = {(p.pod_uid, p.name): p for p in self._placements(generation)}
+        devices: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        for entry in self._device_entries(list(placements.values()), generation):
+            for numa, ids in entry.devices_by_numa.items():
+                devices[(entry.pod_uid, entry.container_name)].append(
+                    _pr_devices(entry.resource_name, ids, numa)
+                )
+        pods: list[dict[str, Any]] = []
+        for pod_index, pod in enumerate(self.pods):
+            containers: list[dict[str, Any]] = []
+            for index in range(spec.containers_per_pod):
+                name = container_name(index)
+                container: dict[str, Any] = {"name": name}
+                placement = placements.get((pod.uid, name))
+                if placement is not None:
+                    container["cpu_ids"] = [placement.cpu]
+                    container["memory"] = [
+                        {"memory_type": block.resource, "size": block.size, **_pr_topology(placement.numa)}
+                        for block in self._memory_blocks(placement)
+                    ]
+                if devices.get((pod.uid, name)):
+                    container["devices"] = devices[(pod.uid, name)]
+                containers.append(container)
+            pods.append(
+                {"name": self.pod_name(pod_index), "namespace": spec.namespace, "containers": containers}
+            )
+        allocatable_memory = [
+            {"memory_type": "memory", "size": spec.mem_per_node_kib * KIB - (GIB if numa == 0 else 0)}
+            | _pr_topology(numa)
+            for numa in range(spec.numa_nodes)
+        ]
+        for size_kib, (total_pages, _) in _hugepage_pools(spec).items():
+            allocatable_memory += [
+                {"memory_type": hugepage_resource(size_kib), "size": total_pages * size_kib * KIB}
+                | _pr_topology(numa)
+                for numa in range(spec.numa_nodes)
+            ]
+        allocatable_devices = [
+            _pr_devices(
+                resource,
+                (f"{resource.rpartition('/')[2]}-{index}",),
+                self._device_numa(resource_index, index),
+            )
+            for resource_index, resource in enumerate(spec.device_resources)
+            for index in range(spec.devices_per_resource)
+        ]
+        allocatable = {
+            "cpu_ids": sorted(set(range(spec.cpus)) - self.reserved_cpus()),
+            "devices": allocatable_devices,
+            "memory": allocatable_memory,
+        }
+        return {"pods": pods if spec.pods else [], "allocatable": allocatable}
+
+    # cgroups ------------------------------------------------------------------------------------
+
+    def shared_pool(self) -> frozenset[int]:
+        """The CPUs no container holds exclusively (generation 0), the reserved ones included."""
+        taken = {placement.cpu for placement in self._placements(0)}
+        return frozenset(range(self.spec.cpus)) - taken
+
+    def home_node(self, pod_index: int) -> int:
+        """Where a shared-pool pod's memory mostly is."""
+        return pod_index % self.spec.numa_nodes
+
+    def cgroup_pods(self, generation: int = 0) -> tuple[FakePod, ...]:
+        """The pods with the cgroup contents of ``generation``: cpusets from the generation-0 placement,
+        memory and CPU time growing with ``generation``."""
+        spec = self.spec
+        by_container = {(p.pod_uid, p.name): p for p in self._placements(0)}
+        shared_cpus = format_cpulist(set(self.shared_pool()))
+        all_nodes = format_cpulist(set(range(spec.numa_nodes)))
+        pods: list[FakePod] = []
+        for pod_index, pod in enumerate(self.pods):
+            containers = []
+            for index, container in enumerate(pod.containers):
+                placement = by_container.get((pod.uid, container_name(index)))
+                if placement is not None:
+                    # a pinned container's pages are all on its node; the file still lists every node (as 0)
+                    spread: tuple[int, ...] = (placement.numa,)
+                    cpus, mems = str(placement.cpu), str(placement.numa)
+                else:
+                    home = self.home_node(pod_index)
+                    width = min(spec.shared_memory_nodes, spec.numa_nodes)
+                    spread = tuple((home + step) % spec.numa_nodes for step in range(width))
+                    cpus, mems = shared_cpus, all_nodes
+                containers.append(
+                    dataclasses.replace(
+                        container,
+                        memory_bytes=_spread_memory(container.memory_bytes, spread, generation),
+                        cpus=cpus,
+                        mems=mems,
+                        cpu_usage_usec=container.cpu_usage_usec + generation * 10_000,
+                    )
+                )
+            pods.append(dataclasses.replace(pod, containers=tuple(containers)))
+        return tuple(pods)
+
+    def write_cgroup_usage(self, generation: int) -> None:
+        """Rewrite every container's ``memory.numa_stat`` and ``cpu.stat`` with ``generation``'s values
+        (in place, as the kernel's files change; cpusets and the rest of the tree stay)."""
+        nodes = list(range(self.spec.numa_nodes))
+        for pod in self.cgroup_pods(generation):
+            for container in pod.containers:
+                directory = container_dir(self.cgroup_root, "v2", "systemd", pod, container.container_id)
+                (directory / "memory.numa_stat").write_text(
+                    render_numa_stat_v2(container.memory_bytes, nodes)
+                )
+                (directory / "cpu.stat").write_text(_cpu_stat_v2(container))
+
+
+def _pr_topology(numa: int) -> dict[str, Any]:
+    """podresources ``topology``: none for a device without NUMA affinity."""
+    return {} if numa < 0 else {"topology": {"nodes": [{"ID": numa}]}}
+
+
+def _pr_devices(resource: str, ids: Sequence[str], numa: int) -> dict[str, Any]:
+    return {"resource_name": resource, "device_ids": list(ids), **_pr_topology(numa)}
+
+
+# memory types that change between two scrapes of a running container; the others stay
+_GROWING_TYPES = ("anon", "file")
+
+
+def _spread_memory(
+    memory: Mapping[str, Mapping[int, int]], nodes: Sequence[int], generation: int
+) -> dict[str, dict[int, int]]:
+    """Each type's total over ``nodes``: half on the first, the rest shared by the others, in whole pages;
+    anon and file grow by one page per node and generation."""
+    spread: dict[str, dict[int, int]] = {}
+    for kind, by_node in memory.items():
+        pages = sum(by_node.values()) // PAGE_SIZE
+        shares = (
+            [pages]
+            if len(nodes) == 1
+            else [pages // 2] + [pages // (2 * (len(nodes) - 1))] * (len(nodes) - 1)
+        )
+        growth = generation if kind in _GROWING_TYPES else 0
+        spread[kind] = {node: (share + growth) * PAGE_SIZE for node, share in zip(nodes, shares, strict=True)}
+    return spread
+
+
+def _cpu_stat_v2(container: FakeContainer) -> str:
+    usage = container.cpu_usage_usec
+    return (
+        f"usage_usec {usage}\nuser_usec {usage // 2}\nsystem_usec {usage - usage // 2}\n"
+        "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
+    )
+
 
 def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:
     allocatable = total - system_reserved
@@ -402,6 +586,12 @@ def large_node_at(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode:
     pods = (
         make_pods(spec.pods, spec.containers_per_pod, nodes=list(range(spec.numa_nodes))) if spec.pods else ()
     )
+    # exclusive CPUs are only for Guaranteed pods; the shared ones alternate Burstable and BestEffort
+    classes: tuple[Qos, Qos] = ("burstable", "besteffort")
+    pods = tuple(
+        dataclasses.replace(pod, qos="guaranteed" if spec.exclusive(index) else classes[index % 2])
+        for index, pod in enumerate(pods)
+    )
     return LargeNode(spec, root, pods)
 
 
@@ -424,21 +614,4 @@ def _write_pod_directories(node: LargeNode) -> None:
 
 def _write_cgroups(node: LargeNode, numa_ids: Sequence[int]) -> None:
     """A cgroup v2 tree whose effective cpusets, mems and memory match the generation-0 placement."""
-    by_container = {(p.pod_uid, p.name): p for p in node._placements(0)}
-    pinned: list[FakePod] = []
-    for pod in node.pods:
-        containers = []
-        for index, container in enumerate(pod.containers):
-            placement = by_container[(pod.uid, container_name(index))]
-            # a pinned container's pages are all on its node; the file still lists every node (as 0)
-            memory = {
-                kind: {placement.numa: sum(by_node.values())}
-                for kind, by_node in container.memory_bytes.items()
-            }
-            containers.append(
-                dataclasses.replace(
-                    container, memory_bytes=memory, cpus=str(placement.cpu), mems=str(placement.numa)
-                )
-            )
-        pinned.append(dataclasses.replace(pod, containers=tuple(containers)))
-    write_cgroup_tree(node.cgroup_root, "v2", "systemd", pinned, nodes=numa_ids)
+    write_cgroup_tree(node.cgroup_root, "v2", "systemd", node.cgroup_pods(0), nodes=numa_ids)
