@@ -2,10 +2,15 @@
 # otel-numa node agent image.
 #
 # Build:  docker build -t otel-numa:dev .
+#         podman build --format docker -t otel-numa:dev .   (docker format: OCI drops the HEALTHCHECK)
+# BASE_IMAGE may name any Debian-like image with `python` (3.11 or newer) and pip on the PATH, e.g. one
+# made locally with debootstrap (see scripts/setup.d/podman.sh): --build-arg BASE_IMAGE=...
 # The builder stage turns the project and every dependency into wheels; the final stage installs
 # those wheels only (no compiler, no source tree, no pip cache), so the image holds what runs.
 
-FROM python:3.11.14-slim-bookworm AS builder
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -17,7 +22,7 @@ COPY otel_numa/ otel_numa/
 RUN pip wheel --wheel-dir /wheels .
 
 
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.title="otel-numa" \
       org.opencontainers.image.description="Per-NUMA capacity, allocation and usage of a Kubernetes node, exported through OpenTelemetry" \

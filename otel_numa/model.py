@@ -27,6 +27,9 @@ class NumaNode:
     cpus: frozenset[int]
     # target node id -> distance, in the order of the online node ids (10 = local); empty when unknown
     distances: Mapping[int, int]
+    # False when neither cpulist nor cpumap (or no online mask) could be read: ``cpus`` is then empty and
+    # every CPU number of the node is unknown (absent), not 0
+    cpus_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +55,17 @@ class Topology:
 
 @dataclass(frozen=True, slots=True)
 class NodeMemory:
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
+    # each from its own meminfo field (used: MemUsed, else MemTotal - MemFree); None when not known
+    total_bytes: int | None
+    free_bytes: int | None
+    used_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
 class HugepagePool:
     size_kib: int
-    total_pages: int
-    free_pages: int
+    total_pages: int | None  # nr_hugepages; None when that file could not be read
+    free_pages: int | None  # free_hugepages; likewise
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,10 @@ is how an SDK upgrade that changes the internals is caught).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
@@ -112,3 +114,270 @@ class DepartedSeriesJanitor:
                 "the cardinality limit bounds them instead",
                 why,
             )
+
+
+# Cheaper per-series paths ---------------------------------------------------------------------------
+#
+# The instruments hand the SDK the same attribute dict objects for a series from one collection to the
+# next (otel_numa.instruments.base). The SDK and the two Prometheus libraries redo per-series work that
+# depends only on those attributes on every collection; these memoised stand-ins do it once per dict (or
+# per label name). Each wraps the original function, so results are the library's own; each is installed
+# only when the module attribute it replaces has the expected shape (tests/test_sdk_private.py).
+
+_MEASUREMENT_MODULE = "opentelemetry.sdk.metrics._internal.measurement"
+_MATCH_MODULE = "opentelemetry.sdk.metrics._internal._view_instrument_match"
+_PROMETHEUS_EXPORTER_MODULE = "opentelemetry.exporter.prometheus"
+_OPENMETRICS_MODULE = "prometheus_client.openmetrics.exposition"
+_OTLP_METRICS_ENCODER_MODULE = "opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder"
+
+
+class _CleanedAttributes:
+    """``_clean_attribute_value`` remembered per attribute dict object, for the dicts seen in this or the
+    previous collection (each entry holds its dict, so an id cannot be reused while it is remembered)."""
+
+    def __init__(self, clean: Callable[..., Any]) -> None:
+        self._clean = clean
+        self._current: dict[int, tuple[object, Any]] = {}
+        self._previous: dict[int, tuple[object, Any]] = {}
+
+    def __call__(self, value: Any, max_length: int | None) -> Any:
+        if max_length is not None or not isinstance(value, dict):
+            return self._clean(value, max_length)
+        key = id(value)
+        entry = self._current.get(key)
+        if entry is None or entry[0] is not value:
+            entry = self._previous.get(key)
+            if entry is None or entry[0] is not value:
+                cleaned = self._clean(value, None)
+                # nothing to clean (the agent's own dicts): the dict itself, not a copy, per series
+                entry = (value, value if cleaned == value else cleaned)
+            self._current[key] = entry
+        return entry[1]
+
+    def new_collection(self) -> None:
+        self._previous, self._current = self._current, {}
+
+
+class _HashedAttributes:
+    """The SDK's attribute-set key, remembered by the attributes' items (cheap to form for the flat
+    string/number attributes the agent uses; anything unhashable takes the SDK's own path)."""
+
+    def __init__(self, hash_attributes: Callable[[Any], Any]) -> None:
+        self._hash = hash_attributes
+        self._known: dict[tuple[Any, ...], Any] = {}
+        self._previous: dict[tuple[Any, ...], Any] = {}
+
+    def __call__(self, attributes: Any) -> Any:
+        if not isinstance(attributes, dict):
+            return self._hash(attributes)
+        try:
+            items = tuple(attributes.items())
+            found = self._known.get(items)
+        except TypeError:  # an unhashable value (a list): no memo
+            return self._hash(attributes)
+        if found is None:
+            found = self._previous.get(items)
+            if found is None:
+                found = self._hash(attributes)
+            self._known[items] = found
+        return found
+
+    def new_collection(self) -> None:
+        self._previous, self._known = self._known, {}
+
+
+class _EncodedAttributes(_CleanedAttributes):
+    """The OTLP encoding of a data point's attributes, remembered per attribute dict object (the SDK keeps
+    one per series); protobuf copies the messages into each request, so sharing them is safe."""
+
+    def __call__(self, value: Any, max_length: int | None = None) -> Any:
+        if not isinstance(value, dict) or not value:
+            return self._clean(value)
+        key = id(value)
+        entry = self._current.get(key)
+        if entry is None or entry[0] is not value:
+            entry = self._previous.get(key)
+            if entry is None or entry[0] is not value:
+                entry = (value, self._clean(value))
+            self._current[key] = entry
+        return entry[1]
+
+
+class FastPaths:
+    """The memoised stand-ins, installed once per process; :meth:`new_collection` ages their memory."""
+
+    def __init__(self) -> None:
+        self.installed: list[str] = []
+        self._rotating: list[_CleanedAttributes | _HashedAttributes] = []
+
+    def install(self) -> None:
+        if self.installed:
+            return
+        import importlib
+
+        measurement = importlib.import_module(_MEASUREMENT_MODULE)
+        match = importlib.import_module(_MATCH_MODULE)
+        exporter = importlib.import_module(_PROMETHEUS_EXPORTER_MODULE)
+        openmetrics = importlib.import_module(_OPENMETRICS_MODULE)
+        cleaned = self._replace(measurement, "_clean_attribute_value", _CleanedAttributes)
+        hashed = self._replace(match, "_hash_attributes", _HashedAttributes)
+        self._rotating = [memo for memo in (cleaned, hashed) if memo is not None]
+        try:
+            encoder = importlib.import_module(_OTLP_METRICS_ENCODER_MODULE)
+        except ImportError:  # no OTLP exporter installed
+            encoder = None
+        if encoder is not None:
+            encoded = self._replace(encoder, "_encode_attributes", _EncodedAttributes)
+            if encoded is not None:
+                self._rotating.append(encoded)
+        self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
+        self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
+
+    def _replace(self, module: Any, name: str, wrap: Callable[[Any], Any]) -> Any:
+        original = getattr(module, name, None)
+        if not callable(original) or getattr(original, "__module__", "").startswith("otel_numa"):
+            log.warning("cannot speed up %s.%s with this library version", module.__name__, name)
+            return None
+        replacement = wrap(original)
+        setattr(module, name, replacement)
+        self.installed.append(f"{module.__name__}.{name}")
+        return replacement
+
+    def new_collection(self) -> None:
+        for memo in self._rotating:
+            memo.new_collection()
+
+
+FAST_PATHS = FastPaths()
+
+
+# Unchanged families: translated and rendered once ------------------------------------------------------
+#
+# The OTel Prometheus exporter translates every metric into a prometheus_client family on every scrape,
+# and prometheus_client renders every sample again. Most of a node's series (allocation, per-container
+# usage between cgroup rounds) do not change from one scrape to the next. The translation of a metric is
+# reused while its data points have the same attribute dicts (the SDK keeps one per series) and the same
+# values; a reused family's rendered text is reused too. Both go through the libraries' own code for
+# anything that changed, so the page stays byte for byte what they would write.
+
+_EOF = b"# EOF\n"
+
+
+@dataclass
+class _Translation:
+    attributes: tuple[object, ...]  # held, so that their ids cannot be reused while remembered
+    values: tuple[object, ...]
+    families: tuple[tuple[str, object], ...]  # (family id, prometheus_client family)
+
+
+class _TranslatedMetrics:
+    """Wraps the exporter collector's ``_translate_metric``."""
+
+    def __init__(self, translate: Callable[..., None]) -> None:
+        self._translate = translate
+        self._known: dict[str, _Translation] = {}
+
+    def __call__(
+        self,
+        metric: Any,
+        scope_attrs: Any,
+        resource_attrs: Any,
+        metric_family_id_metric_family: dict[str, object],
+    ) -> None:
+        points = getattr(metric.data, "data_points", ())
+        attributes = tuple(point.attributes for point in points)
+        values = tuple(getattr(point, "value", None) for point in points)
+        key = f"{metric.name}|{metric.description}|{metric.unit}|{type(metric.data).__name__}"
+        known = self._known.get(key)
+        if (
+            known is not None
+            and known.values == values
+            and len(known.attributes) == len(attributes)
+            and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
+            and not any(family_id in metric_family_id_metric_family for family_id, _ in known.families)
+        ):
+            metric_family_id_metric_family.update(known.families)
+            return
+        before = set(metric_family_id_metric_family)
+        self._translate(metric, scope_attrs, resource_attrs, metric_family_id_metric_family)
+        added = tuple((fid, fam) for fid, fam in metric_family_id_metric_family.items() if fid not in before)
+        if None in values or any(fid in before for fid, _ in added) or not added:
+            self._known.pop(key, None)  # histograms, merged families: translated every time
+        else:
+            self._known[key] = _Translation(attributes, values, added)
+
+
+class _OneFamily:
+    def __init__(self, family: object) -> None:
+        self._family = family
+
+    def collect(self) -> list[object]:
+        return [self._family]
+
+
+class RenderedFamilies:
+    """A stand-in for prometheus_client's text and OpenMetrics encoders that renders, for registries that
+    ask for it, each family it has not rendered in the previous scrape, and reuses the text of the rest."""
+
+    def __init__(self, text_encoder: Callable[..., bytes], openmetrics_encoder: Callable[..., bytes]) -> None:
+        self.text_encoder = text_encoder
+        self.openmetrics_encoder = openmetrics_encoder
+        self._last: dict[tuple[object, ...], dict[int, tuple[object, bytes]]] = {}
+
+    def text(self, registry: Any, **options: str) -> bytes:
+        if not getattr(registry, "renders_by_family", False):
+            return self.text_encoder(registry, **options)
+        form = ("text", *sorted(options.items()))
+        return self._render(registry, form, lambda one: self.text_encoder(one, **options))
+
+    def openmetrics(self, registry: Any, **options: str) -> bytes:
+        if not getattr(registry, "renders_by_family", False):
+            return self.openmetrics_encoder(registry, **options)
+
+        def render(one: _OneFamily) -> bytes:
+            return self.openmetrics_encoder(one, **options).removesuffix(_EOF)
+
+        return self._render(registry, ("openmetrics", *sorted(options.items())), render) + _EOF
+
+    def _render(
+        self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
+    ) -> bytes:
+        last = self._last.get(form, {})
+        now: dict[int, tuple[object, bytes]] = {}
+        parts: list[bytes] = []
+        for family in registry.collect():
+            known = last.get(id(family))
+            text = known[1] if known is not None and known[0] is family else render(_OneFamily(family))
+            now[id(family)] = (family, text)
+            parts.append(text)
+        self._last[form] = now
+        return b"".join(parts)
+
+
+def speed_up_prometheus_reader(reader: Any) -> bool:
+    """Reuse unchanged metrics' translations in this reader; False when the exporter's shape differs."""
+    collector = getattr(reader, "_collector", None)
+    translate = getattr(collector, "_translate_metric", None)
+    if collector is None or not callable(translate):
+        log.warning("cannot reuse unchanged translations with this Prometheus exporter version")
+        return False
+    collector._translate_metric = _TranslatedMetrics(translate)
+    return True
+
+
+def install_family_rendering() -> RenderedFamilies | None:
+    """Route prometheus_client's encoders through :class:`RenderedFamilies` (once per process)."""
+    import prometheus_client.exposition as exposition
+    import prometheus_client.openmetrics.exposition as openmetrics
+
+    current = exposition.generate_latest
+    owner = getattr(current, "__self__", None)
+    if isinstance(owner, RenderedFamilies):
+        return owner
+    if not callable(current) or not callable(getattr(openmetrics, "generate_latest", None)):
+        log.warning("cannot reuse rendered families with this prometheus_client version")
+        return None
+    rendered = RenderedFamilies(current, openmetrics.generate_latest)
+    setattr(exposition, "generate_latest", rendered.text)  # noqa: B010  (a module global, replaced)
+    setattr(openmetrics, "generate_latest", rendered.openmetrics)  # noqa: B010
+    return rendered

@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from otel_numa.testing.fault_sweep import SWEEP_SUMMARY
 from otel_numa.testing.hwloc import extract_snapshot
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The fault sweep's counts, shown in every run's output (not only with ``-rA``)."""
+    for line in config.stash.get(SWEEP_SUMMARY, []):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from otel_numa.sources.cgroups import (
     find_container_cgroups,
     parse_numa_stat_v1,
     parse_numa_stat_v2,
-    read_all_usage,
     read_container_usage,
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing
@@ -28,6 +27,7 @@ from otel_numa.testing.cgroup_tree import (
     FakePod,
     fake_container_id,
     make_pods,
+    read_all_usage,
     write_cgroup_tree,
 )
 

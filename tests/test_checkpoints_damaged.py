@@ -16,14 +16,13 @@ import pytest
 from otel_numa.sources.checkpoints import (
     parse_cpu_manager_state,
     parse_device_checkpoint,
-    parse_dra_checkpoint,
     parse_memory_manager_state,
     read_cpu_manager_state,
     read_device_checkpoint,
-    read_dra_checkpoint,
     read_memory_manager_state,
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.testing.dra_checkpoint import parse_dra_checkpoint, read_dra_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet"
 

@@ -21,20 +21,18 @@ from otel_numa.model import (
     NumaMemoryState,
 )
 from otel_numa.sources.checkpoints import (
-    DraManagerState,
     parse_cpu_manager_state,
     parse_device_checkpoint,
-    parse_dra_checkpoint,
     parse_memory_manager_state,
     read_cpu_manager_state,
     read_device_checkpoint,
-    read_dra_checkpoint,
     read_memory_manager_state,
 )
 from otel_numa.sources.checkpoints.gojson import STRING, UINT64, GoField, GoInt, GoMap, GoPointer, GoStruct
 from otel_numa.sources.checkpoints.gospew import fnv1a_32, spew_text
 from otel_numa.sources.errors import SourceCorrupt
 from otel_numa.testing.checkpoints import fnv1a_32 as independent_fnv1a_32
+from otel_numa.testing.dra_checkpoint import DraManagerState, parse_dra_checkpoint, read_dra_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet"
 

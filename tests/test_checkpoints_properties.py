@@ -32,7 +32,6 @@ from otel_numa.model import (
 from otel_numa.sources.checkpoints import (
     parse_cpu_manager_state,
     parse_device_checkpoint,
-    parse_dra_checkpoint,
     parse_memory_manager_state,
     read_cpu_manager_state,
 )
@@ -45,6 +44,7 @@ from otel_numa.testing.checkpoints import (
     write_device_checkpoint,
     write_memory_manager_state,
 )
+from otel_numa.testing.dra_checkpoint import parse_dra_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kubelet"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

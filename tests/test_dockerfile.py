@@ -170,12 +170,35 @@ def test_parser_reads_continuations_and_stages() -> None:
     assert copy_sources(parsed[1].instructions[0]) == ({"from": "one"}, ["/w"])
 
 
+def global_build_args(text: str) -> dict[str, str | None]:
+    """The ARGs before the first FROM (the only ones a FROM line may use), with their defaults."""
+    found: dict[str, str | None] = {}
+    for _, line in logical_lines(text):
+        keyword, _, arguments = line.partition(" ")
+        if keyword.upper() == "FROM":
+            break
+        if keyword.upper() == "ARG":
+            name, equals, default = arguments.strip().partition("=")
+            found[name] = default if equals else None
+    return found
+
+
 def test_multi_stage_on_a_pinned_python_311_slim_base(stages: list[Stage]) -> None:
     assert len(stages) >= 2
+    base_default = global_build_args(DOCKERFILE.read_text()).get("BASE_IMAGE")
+    assert base_default, "ARG BASE_IMAGE=<default> before the first FROM lets a local base replace it"
     pinned = re.compile(r"^python:3\.11\.\d+-slim(-[a-z]+)?$")
+    assert pinned.match(base_default), f"default base {base_default!r} is not a pinned python:3.11.X-slim tag"
     for stage in stages:
-        assert pinned.match(stage.base), f"base image {stage.base!r} is not a pinned python:3.11.X-slim tag"
+        assert stage.base in ("${BASE_IMAGE}", "$BASE_IMAGE"), f"stage on {stage.base!r}, not on BASE_IMAGE"
     assert stages[0].name, "the builder stage needs a name for the final stage to refer to"
+
+
+def test_nothing_depends_on_where_the_base_keeps_python(stages: list[Stage]) -> None:
+    # the official image's Python lives in /usr/local, Debian's in /usr: commands on the PATH only
+    for stage in stages:
+        for instruction in stage.instructions:
+            assert not re.search(r"/usr/(local/)?(bin|lib)/python", instruction.arguments), instruction
 
 
 def test_builder_turns_the_project_into_wheels(stages: list[Stage]) -> None:

@@ -256,9 +256,11 @@ def read_everything(sysfs_root: Path, procfs_root: Path) -> None:
     sysfs.NodeFiles(sysfs_root, topology).numastat()
     procfs.NodeCpuTimes({cpu: (cpu,) for cpu in range(8)}).read(procfs_root)
     procfs.read_meminfo(procfs_root)
-    assert all(m.total_bytes >= 0 and m.free_bytes >= 0 and m.used_bytes >= 0 for m in memory.values())
+    for m in memory.values():
+        assert all(value is None or value >= 0 for value in (m.total_bytes, m.free_bytes, m.used_bytes)), m
     for node_pools in pools.values():
-        assert all(pool.total_pages >= 0 and pool.free_pages >= 0 for pool in node_pools), node_pools
+        for pool in node_pools:
+            assert all(count is None or count >= 0 for count in (pool.total_pages, pool.free_pages)), pool
 
 
 @FUZZ
@@ -619,9 +621,11 @@ def test_a_rejected_checkpoint_yields_no_series_from_it(
         ).map(lambda pair: f"{pair[0]} {pair[1]} kB\nNode 1 MemFree: 10 kB\n".encode()),
     )
 )
-def test_a_rejected_node_meminfo_yields_no_memory_series_for_that_node(
+def test_a_rejected_node_meminfo_yields_only_what_its_good_lines_say(
     kubelet_node: KubeletScenario, content: bytes
 ) -> None:
+    """Each meminfo field stands alone: node 1's memory series are what its good lines give (a line cut
+    short is not one), nothing else moves, and the bad lines are counted."""
     meminfo = kubelet_node.sysfs_root / NODE_DIR / "node1" / "meminfo"
     verdict = source_result(lambda: procfs.parse_meminfo(content.rstrip(b"\x00").decode(errors="replace")))
     assume(isinstance(verdict, SourceError))
@@ -632,13 +636,44 @@ def test_a_rejected_node_meminfo_yields_no_memory_series_for_that_node(
         text = kubelet_node.exposition()
     finally:
         meminfo.write_bytes(original)
-    for name in ("numa_memory_capacity_bytes", "numa_memory_usage_bytes"):
-        assert not [key for key in series(text, name) if ("numa_node_id", "1") in key], name
-    assert errors_of(text, "sysfs"), "the rejection is counted under numa_source=sysfs"
+    node1 = ("numa_node_id", "1")
+    exported = {
+        (name, dict(key).get("system_memory_state", "")): value
+        for name in ("numa_memory_capacity_bytes", "numa_memory_usage_bytes")
+        for key, value in series(text, name).items()
+        if node1 in key
+    }
+    assert exported == expected_node_memory(content)
+    assert errors_of(text, "sysfs"), "the bad lines are counted under numa_source=sysfs"
     for name in ("numa_cpu_capacity", "numa_hugepages_capacity_bytes", "numa_memory_page_allocations_total"):
         assert series(text, name) == series(intact, name), name
     for name in (*CPU_SERIES, *MEMORY_SERIES, *DEVICE_SERIES):
         assert series(text, name) == series(intact, name), name
+    for name in ("numa_memory_capacity_bytes", "numa_memory_usage_bytes"):
+        others = {key: value for key, value in series(text, name).items() if node1 not in key}
+        assert others == {key: value for key, value in series(intact, name).items() if node1 not in key}
+
+
+def expected_node_memory(content: bytes) -> dict[tuple[str, str], float]:
+    """The node's memory series by hand: every whole line judged alone (the kernel ends each line with a
+    newline, so text after the last one was cut short), then MemUsed else MemTotal - MemFree."""
+    text = content.rstrip(b"\x00").decode(errors="replace")
+    fields: dict[str, int] = {}
+    for line in text[: text.rfind("\n") + 1].splitlines():
+        verdict = source_result(lambda line=line: procfs.parse_meminfo(line + "\n"))  # type: ignore[misc]
+        if isinstance(verdict, dict):
+            fields.update(verdict)
+    total, free, used = fields.get("MemTotal"), fields.get("MemFree"), fields.get("MemUsed")
+    if used is None and total is not None and free is not None:
+        used = max(total - free, 0)
+    elif free is None and total is not None and used is not None:
+        free = max(total - used, 0)
+    found = {
+        ("numa_memory_capacity_bytes", ""): total,
+        ("numa_memory_usage_bytes", "used"): used,
+        ("numa_memory_usage_bytes", "free"): free,
+    }
+    return {key: float(value) for key, value in found.items() if value is not None}
 
 
 def test_a_rejected_node_meminfo_leaves_the_other_nodes_memory(kubelet_node: KubeletScenario) -> None:

@@ -32,6 +32,11 @@ STAT_SNAPSHOTS: dict[str, tuple[int, str]] = {
 }
 
 
+def per_cpu_times(procfs_root: Path) -> dict[int, dict[str, float]]:
+    """Seconds per CPU and mode through the agent's own reader, each CPU taken as a node of its own."""
+    return procfs.NodeCpuTimes({cpu: (cpu,) for cpu in range(256)}).read(procfs_root)
+
+
 def seconds(ticks: str) -> dict[str, float]:
     """Hand-side conversion of a cpuN line's columns to seconds per mode."""
     names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -50,13 +55,13 @@ def test_every_snapshot_with_a_stat_is_listed() -> None:
 @pytest.mark.parametrize("name", sorted(STAT_SNAPSHOTS))
 def test_snapshot_cpu_times(tmp_path: Path, name: str) -> None:
     count, cpu1 = STAT_SNAPSHOTS[name]
-    times = procfs.read_cpu_times(extract_snapshot(name, tmp_path, only=PROC) / "proc")
+    times = per_cpu_times(extract_snapshot(name, tmp_path, only=PROC) / "proc")
     assert sorted(times) == list(range(count))
     assert times[1] == pytest.approx(seconds(cpu1))
 
 
 def test_snapshot_with_eight_columns_has_steal_but_no_guest(tmp_path: Path) -> None:
-    times = procfs.read_cpu_times(extract_snapshot("16em64t-4s2c2t-offlines", tmp_path, only=PROC) / "proc")
+    times = per_cpu_times(extract_snapshot("16em64t-4s2c2t-offlines", tmp_path, only=PROC) / "proc")
     assert set(times[0]) == set(procfs.CPU_MODES)
     assert times[0]["irq"] == pytest.approx(3245242 / HZ)
 
@@ -83,7 +88,7 @@ def test_synthetic_stat_guest_time_is_not_added(tmp_path: Path) -> None:
     # columns: user nice system idle iowait irq softirq steal guest guest_nice
     ticks = {0: (500, 20, 300, 9000, 10, 1, 2, 3, 400, 15), 1: (100, 0, 50, 7000, 0, 0, 0, 0, 0, 0)}
     _, procfs_root = write_machine(tmp_path, [NodeSpec(0, cpus=[0, 1])], cpu_times=ticks)
-    times = procfs.read_cpu_times(procfs_root)
+    times = per_cpu_times(procfs_root)
     assert times[0] == pytest.approx(
         {
             "user": 500 / HZ,
@@ -102,14 +107,14 @@ def test_synthetic_stat_guest_time_is_not_added(tmp_path: Path) -> None:
 def test_old_kernel_short_lines(tmp_path: Path) -> None:
     # 2.6.0 printed 7 columns (no steal), 2.4 only 4
     write_file(tmp_path / "stat", format_proc_stat({0: (1, 2, 3, 4, 5, 6, 7), 1: (10, 20, 30, 40)}))
-    times = procfs.read_cpu_times(tmp_path)
+    times = per_cpu_times(tmp_path)
     assert set(times[0]) == {"user", "nice", "system", "idle", "iowait", "irq", "softirq"}
     assert times[1] == pytest.approx({"user": 10 / HZ, "nice": 20 / HZ, "system": 30 / HZ, "idle": 40 / HZ})
 
 
 def test_sparse_cpu_ids(tmp_path: Path) -> None:
     write_file(tmp_path / "stat", format_proc_stat({0: (1,) * 10, 5: (2,) * 10, 130: (3,) * 10}))
-    assert sorted(procfs.read_cpu_times(tmp_path)) == [0, 5, 130]
+    assert sorted(per_cpu_times(tmp_path)) == [0, 5, 130]
 
 
 @pytest.mark.parametrize(
@@ -124,12 +129,12 @@ def test_sparse_cpu_ids(tmp_path: Path) -> None:
 def test_corrupt_stat(tmp_path: Path, text: str) -> None:
     write_file(tmp_path / "stat", text)
     with pytest.raises(SourceCorrupt):
-        procfs.read_cpu_times(tmp_path)
+        per_cpu_times(tmp_path)
 
 
 def test_missing_files(tmp_path: Path) -> None:
     with pytest.raises(SourceMissing):
-        procfs.read_cpu_times(tmp_path)
+        per_cpu_times(tmp_path)
     with pytest.raises(SourceMissing):
         procfs.read_meminfo(tmp_path)
 
@@ -150,7 +155,7 @@ def test_corrupt_meminfo(tmp_path: Path, text: str) -> None:
 def test_directory_in_place_of_stat(tmp_path: Path) -> None:
     (tmp_path / "stat").mkdir()
     with pytest.raises(SourceError):
-        procfs.read_cpu_times(tmp_path)
+        per_cpu_times(tmp_path)
 
 
 # --- the live machine ----------------------------------------------------------------------------
@@ -158,10 +163,10 @@ def test_directory_in_place_of_stat(tmp_path: Path) -> None:
 
 def test_live_proc() -> None:
     live = Path("/proc")
-    first = procfs.read_cpu_times(live)
+    first = per_cpu_times(live)
     online = os.sysconf("SC_NPROCESSORS_ONLN")
     assert len(first) == online
-    second = procfs.read_cpu_times(live)
+    second = per_cpu_times(live)
     for cpu, modes in first.items():
         assert {"user", "system", "idle"} <= set(modes)
         # user and system only grow (iowait, and idle on some kernels, may step back)

@@ -176,13 +176,13 @@ def test_cpus_per_node_match_hwloc(snapshot: Snapshot) -> None:
 
 def test_memory_per_node_matches_hwloc(snapshot: Snapshot) -> None:
     topology = snapshot.topology()
-    memory = sysfs.read_node_memory(snapshot.sysfs, snapshot.procfs, topology)
+    memory = sysfs.NodeFiles(snapshot.sysfs, topology, snapshot.procfs).memory()
     assert {node: value.total_bytes for node, value in memory.items()} == snapshot.expected().memory_total
 
 
 def test_hugepages_per_size_match_hwloc(snapshot: Snapshot) -> None:
     topology = snapshot.topology()
-    pools = sysfs.read_hugepages(snapshot.sysfs, topology, procfs_root=snapshot.procfs)
+    pools = sysfs.NodeFiles(snapshot.sysfs, topology, snapshot.procfs).hugepages()
     actual = {
         node: {pool.size_kib: pool.total_pages for pool in node_pools} for node, node_pools in pools.items()
     }
@@ -219,14 +219,14 @@ def test_signature_is_stable(snapshot: Snapshot) -> None:
 def test_hugepage_snapshot_literals(snapshots: Callable[[str], Snapshot]) -> None:
     snap = snapshots("16amd64-4n4c-cgroup-distance-merge")
     topology = snap.topology()
-    assert sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)[0] == NodeMemory(
+    assert sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()[0] == NodeMemory(
         total_bytes=8387892 * KIB, free_bytes=6739740 * KIB, used_bytes=1648152 * KIB
     )
-    pools = sysfs.read_hugepages(snap.sysfs, topology)
+    pools = sysfs.NodeFiles(snap.sysfs, topology).hugepages()
     assert pools == {
         node: (HugepagePool(size_kib=2048, total_pages=512, free_pages=512),) for node in range(4)
     }
-    assert sysfs.read_numastat(snap.sysfs, topology)[0] == {
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat()[0] == {
         "hit": 19833863,
         "miss": 1,
         "foreign": 0,
@@ -239,13 +239,15 @@ def test_hugepage_snapshot_literals(snapshots: Callable[[str], Snapshot]) -> Non
 def test_old_kernel_meminfo_with_blank_first_line(snapshots: Callable[[str], Snapshot]) -> None:
     snap = snapshots("16amd64-8n2c")
     topology = snap.topology()
-    memory = sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)
+    memory = sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()
     assert memory[0] == NodeMemory(
         total_bytes=8386704 * KIB, free_bytes=6895672 * KIB, used_bytes=1491032 * KIB
     )
     assert memory[7].free_bytes == 8249784 * KIB
-    assert sysfs.read_hugepages(snap.sysfs, topology) == {}  # no hugepages directories in this snapshot
-    assert sysfs.read_numastat(snap.sysfs, topology)[6]["other"] == 729939266
+    assert (
+        sysfs.NodeFiles(snap.sysfs, topology).hugepages() == {}
+    )  # no hugepages directories in this snapshot
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat()[6]["other"] == 729939266
 
 
 def test_offline_cpus_are_left_out(snapshots: Callable[[str], Snapshot]) -> None:
@@ -263,24 +265,24 @@ def test_no_numa_kernel_uses_proc_meminfo(snapshots: Callable[[str], Snapshot]) 
     assert not topology.numa_enabled
     assert topology.node_ids == (0,)
     assert topology.nodes[0].cpus == frozenset({0, 1})
-    assert sysfs.read_node_memory(snap.sysfs, snap.procfs, topology) == {
+    assert sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory() == {
         0: NodeMemory(total_bytes=280840 * KIB, free_bytes=250460 * KIB, used_bytes=(280840 - 250460) * KIB)
     }
     # no kernel/mm/hugepages and no HugePages_* lines in /proc/meminfo: nothing to report
-    assert sysfs.read_hugepages(snap.sysfs, topology, procfs_root=snap.procfs) == {}
-    assert sysfs.read_numastat(snap.sysfs, topology) == {}
+    assert sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).hugepages() == {}
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat() == {}
 
 
 def test_no_numa_kernel_hugepages_from_kernel_mm(snapshots: Callable[[str], Snapshot]) -> None:
     snap = snapshots("2i386-2t-hugepagesizecount")
     topology = snap.topology()
-    assert sysfs.read_hugepages(snap.sysfs, topology) == {
+    assert sysfs.NodeFiles(snap.sysfs, topology).hugepages() == {
         0: (
             HugepagePool(size_kib=2048, total_pages=1, free_pages=0),
             HugepagePool(size_kib=16777216, total_pages=1, free_pages=0),
         )
     }
-    memory = sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)[0]
+    memory = sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()[0]
     assert memory.total_bytes == 400016779264 * KIB
     assert memory.free_bytes == 105040 * KIB
 
@@ -292,8 +294,8 @@ def test_sparse_node_ids(snapshots: Callable[[str], Snapshot]) -> None:
     assert topology.node(33).cpus == frozenset(range(18, 24))
     # node0's row "10 16 16 22 16 22 16 22" over online nodes 0-2,33-34,45,72-73
     assert topology.node(0).distances == {0: 10, 1: 16, 2: 16, 33: 22, 34: 16, 45: 22, 72: 16, 73: 22}
-    assert sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)[73].used_bytes == 298944 * KIB
-    assert sysfs.read_numastat(snap.sysfs, topology)[45]["hit"] == 248718
+    assert sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()[73].used_bytes == 298944 * KIB
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat()[45]["hit"] == 248718
 
 
 def test_buggy_firmware_overlap_is_reported_and_warned_once(
@@ -322,14 +324,14 @@ def test_buggy_firmware_cpus_count_in_every_node_that_claims_them(
 def test_memory_only_and_cpu_only_nodes(snapshots: Callable[[str], Snapshot]) -> None:
     snap = snapshots("fakememinitiators-1np2c+1npp+gi")
     topology = snap.topology()
-    memory = sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)
+    memory = sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()
     assert topology.node(0).cpus == frozenset({0, 1})
     assert memory[0] == NodeMemory(0, 0, 0)  # CPUs, no memory
     assert topology.node(10).cpus == frozenset()  # memory, no CPU
     assert memory[10] == NodeMemory(total_bytes=780140544 * KIB, free_bytes=780140544 * KIB, used_bytes=0)
     assert topology.node(4).cpus == frozenset() and memory[4].total_bytes == 0  # a generic initiator
     assert topology.overlapping_cpus == frozenset()
-    assert sysfs.read_numastat(snap.sysfs, topology) == {}  # no numastat files in this snapshot
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat() == {}  # no numastat files in this snapshot
 
 
 def test_offline_node0(snapshots: Callable[[str], Snapshot]) -> None:
@@ -340,13 +342,13 @@ def test_offline_node0(snapshots: Callable[[str], Snapshot]) -> None:
     assert topology.nodes == (
         NumaNode(id=1, cpus=frozenset({5, 7, 9, 11, 13, 15, 17, 19}), distances={1: 10}),
     )
-    assert sysfs.read_node_memory(snap.sysfs, snap.procfs, topology)[1].free_bytes == 57913400 * KIB
-    assert sysfs.read_numastat(snap.sysfs, topology)[1]["local"] == 1333461646
+    assert sysfs.NodeFiles(snap.sysfs, topology, snap.procfs).memory()[1].free_bytes == 57913400 * KIB
+    assert sysfs.NodeFiles(snap.sysfs, topology).numastat()[1]["local"] == 1333461646
 
 
 def test_numastat_keys(snapshot: Snapshot) -> None:
     topology = snapshot.topology()
-    stats = sysfs.read_numastat(snapshot.sysfs, topology)
+    stats = sysfs.NodeFiles(snapshot.sysfs, topology).numastat()
     with_file = sorted(
         int(path.parent.name[4:]) for path in snapshot.sysfs.glob("devices/system/node/node*/numastat")
     )

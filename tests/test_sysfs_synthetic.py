@@ -107,15 +107,15 @@ def test_two_nodes(machine: tuple[Path, Path]) -> None:
     assert topology.online_cpus == frozenset(range(8))
     assert topology.numa_enabled
     assert topology.overlapping_cpus == frozenset()
-    assert sysfs.read_node_memory(sysfs_root, procfs_root, topology) == {
+    assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory() == {
         0: NodeMemory(total_bytes=8_000_000 * KIB, free_bytes=6_000_000 * KIB, used_bytes=2_000_000 * KIB),
         1: NodeMemory(total_bytes=4_000_000 * KIB, free_bytes=1_000_000 * KIB, used_bytes=3_000_000 * KIB),
     }
-    assert sysfs.read_hugepages(sysfs_root, topology) == {
+    assert sysfs.NodeFiles(sysfs_root, topology).hugepages() == {
         0: (HugepagePool(size_kib=2048, total_pages=512, free_pages=500),),
         1: (HugepagePool(size_kib=2048, total_pages=256, free_pages=0),),
     }
-    assert sysfs.read_numastat(sysfs_root, topology) == {
+    assert sysfs.NodeFiles(sysfs_root, topology).numastat() == {
         0: {"hit": 100, "miss": 2, "foreign": 0, "interleave_hit": 0, "local": 90, "other": 12},
         1: {"hit": 300, "miss": 0, "foreign": 7, "interleave_hit": 0, "local": 0, "other": 0},
     }
@@ -175,10 +175,10 @@ def test_blank_first_line_and_trailing_nul(tmp_path: Path) -> None:
     assert node_file(sysfs_root, 0, "meminfo").read_text().startswith("\nNode 0 MemTotal:")
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     assert topology.node(0) == NumaNode(id=0, cpus=frozenset({0, 1, 2, 3}), distances={0: 10, 1: 20})
-    assert sysfs.read_node_memory(sysfs_root, procfs_root, topology)[0] == NodeMemory(
+    assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()[0] == NodeMemory(
         8_000_000 * KIB, 6_000_000 * KIB, 2_000_000 * KIB
     )
-    assert sysfs.read_numastat(sysfs_root, topology)[0]["hit"] == 100
+    assert sysfs.NodeFiles(sysfs_root, topology).numastat()[0]["hit"] == 100
 
 
 @pytest.mark.parametrize(
@@ -193,10 +193,11 @@ def test_blank_first_line_and_trailing_nul(tmp_path: Path) -> None:
             [("MemTotal", 1000), ("MemFree", 400), ("MemUsed", 500)],
             NodeMemory(1000 * KIB, 400 * KIB, 500 * KIB),
         ),
-        # only unrelated fields, or a total with nothing to split it: the node has no memory value
+        # each field stands alone: a total alone is the capacity, free and used without a total too
+        ([("MemTotal", 1000)], NodeMemory(1000 * KIB, None, None)),
+        ([("MemFree", 400), ("MemUsed", 600)], NodeMemory(None, 400 * KIB, 600 * KIB)),
+        # only unrelated fields: the node has no memory value
         ([("Active", 5), ("Dirty", 0)], None),
-        ([("MemTotal", 1000)], None),
-        ([("MemFree", 400), ("MemUsed", 600)], None),
     ],
 )
 def test_missing_meminfo_fields(
@@ -205,7 +206,7 @@ def test_missing_meminfo_fields(
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
     write_file(node_file(sysfs_root, 1, "meminfo"), format_node_meminfo(1, fields, hugepage_counts=True))
     topology = sysfs.read_topology(sysfs_root, procfs_root)
-    memory = sysfs.read_node_memory(sysfs_root, procfs_root, topology)
+    memory = sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
     assert memory.get(1) == expected
     assert memory[0].total_bytes == 8_000_000 * KIB
 
@@ -221,7 +222,7 @@ def test_multiple_hugepage_sizes(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, nodes)
     assert not node_file(sysfs_root, 2, "hugepages").exists()
     topology = sysfs.read_topology(sysfs_root, procfs_root)
-    assert sysfs.read_hugepages(sysfs_root, topology) == {
+    assert sysfs.NodeFiles(sysfs_root, topology).hugepages() == {
         0: (
             HugepagePool(size_kib=64, total_pages=100, free_pages=90),
             HugepagePool(size_kib=2048, total_pages=10, free_pages=5),
@@ -233,7 +234,7 @@ def test_multiple_hugepage_sizes(tmp_path: Path) -> None:
             HugepagePool(size_kib=1048576, total_pages=1, free_pages=1),
         ),
     }
-    assert sysfs.read_node_memory(sysfs_root, procfs_root, topology)[2] == NodeMemory(0, 0, 0)
+    assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()[2] == NodeMemory(0, 0, 0)
 
 
 def test_sparse_ids_and_memory_only_node(tmp_path: Path) -> None:
@@ -312,8 +313,8 @@ def test_signature_changes_when_a_node_goes_away(tmp_path: Path) -> None:
         ("10 15 20", "0-2", {0: 10, 2: 20}),
         # too short: what can be mapped is mapped
         ("10", None, {0: 10}),
-        # too long, and no id list of that length: the online ids as far as they go
-        ("10 20 30 40", None, {0: 10, 2: 20}),
+        # too long, and no id list of that length: no value is known to be whose
+        ("10 20 30 40", None, {}),
         ("", None, {}),
     ],
 )
@@ -357,10 +358,11 @@ def test_node_files_vanishing(machine: tuple[Path, Path]) -> None:
     node_file(sysfs_root, 1, "meminfo").unlink()
     node_file(sysfs_root, 1, "numastat").unlink()
     node_file(sysfs_root, 0, "hugepages/hugepages-2048kB/free_hugepages").unlink()
-    assert set(sysfs.read_node_memory(sysfs_root, procfs_root, topology)) == {0}
-    assert set(sysfs.read_numastat(sysfs_root, topology)) == {0}
-    assert sysfs.read_hugepages(sysfs_root, topology) == {
-        0: (),
+    assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {0}
+    assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {0}
+    # each counter file stands alone: the pool keeps its total
+    assert sysfs.NodeFiles(sysfs_root, topology).hugepages() == {
+        0: (HugepagePool(size_kib=2048, total_pages=512, free_pages=None),),
         1: (HugepagePool(size_kib=2048, total_pages=256, free_pages=0),),
     }
 
@@ -369,9 +371,9 @@ def test_node_going_offline_between_reads(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     shutil.rmtree(sysfs_root / NODE_DIR / "node1")
-    assert set(sysfs.read_node_memory(sysfs_root, procfs_root, topology)) == {0}
-    assert set(sysfs.read_hugepages(sysfs_root, topology)) == {0}
-    assert set(sysfs.read_numastat(sysfs_root, topology)) == {0}
+    assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {0}
+    assert set(sysfs.NodeFiles(sysfs_root, topology).hugepages()) == {0}
+    assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {0}
 
 
 def test_node_going_offline_during_the_topology_read(
@@ -408,9 +410,9 @@ def test_directory_in_place_of_a_file(machine: tuple[Path, Path]) -> None:
     pool.mkdir()
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     assert topology.node(1) == NumaNode(id=1, cpus=frozenset({4, 5, 6, 7}), distances={})  # from cpumap
-    assert set(sysfs.read_node_memory(sysfs_root, procfs_root, topology)) == {0}
-    assert set(sysfs.read_numastat(sysfs_root, topology)) == {0}
-    assert sysfs.read_hugepages(sysfs_root, topology)[0] == ()
+    assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {0}
+    assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {0}
+    assert sysfs.NodeFiles(sysfs_root, topology).hugepages()[0] == (HugepagePool(2048, None, 500),)
 
 
 def test_permission_denied_on_a_node_file(
@@ -420,19 +422,23 @@ def test_permission_denied_on_a_node_file(
     fail_open(node_file(sysfs_root, 0, "meminfo"), errno.EACCES)
     fail_open(node_file(sysfs_root, 0, "numastat"), errno.EIO)
     topology = sysfs.read_topology(sysfs_root, procfs_root)
-    assert set(sysfs.read_node_memory(sysfs_root, procfs_root, topology)) == {1}
-    assert set(sysfs.read_numastat(sysfs_root, topology)) == {1}
+    assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {1}
+    assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {1}
 
 
 def test_permission_denied_on_the_cpu_online_file(
     machine: tuple[Path, Path], fail_open: Callable[[Path, int], None]
 ) -> None:
     sysfs_root, procfs_root = machine
+    before = sysfs.topology_signature(sysfs_root)
     fail_open(sysfs_root / "devices/system/cpu/online", errno.EACCES)
-    with pytest.raises(SourceUnavailable):
-        sysfs.read_topology(sysfs_root, procfs_root)
-    with pytest.raises(SourceUnavailable):
-        sysfs.topology_signature(sysfs_root)
+    errors: list[SourceError] = []
+    # the cpuN/online files tell the same, so nothing is lost; the unreadable file is reported
+    topology = sysfs.read_topology(sysfs_root, procfs_root, on_error=errors.append)
+    assert topology.online_cpus == frozenset(range(8))
+    assert [node.cpus for node in topology.nodes] == [frozenset(range(4)), frozenset(range(4, 8))]
+    assert [error.error_type for error in errors] == [SourceUnavailable.error_type]
+    assert sysfs.topology_signature(sysfs_root) != before  # the mask now comes from the cpuN files
 
 
 # --- missing roots and corrupt content ---------------------------------------------------------------
@@ -454,11 +460,11 @@ def test_missing_node_root_after_topology(machine: tuple[Path, Path]) -> None:
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     shutil.rmtree(sysfs_root / NODE_DIR)
     with pytest.raises(SourceMissing):
-        sysfs.read_node_memory(sysfs_root, procfs_root, topology)
+        sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
     with pytest.raises(SourceMissing):
-        sysfs.read_hugepages(sysfs_root, topology)
+        sysfs.NodeFiles(sysfs_root, topology).hugepages()
     with pytest.raises(SourceMissing):
-        sysfs.read_numastat(sysfs_root, topology)
+        sysfs.NodeFiles(sysfs_root, topology).numastat()
 
 
 @pytest.mark.parametrize(
@@ -485,9 +491,9 @@ def test_corrupt_content(tmp_path: Path, relative: str, content: str, reader: st
     readers: dict[str, Callable[[], object]] = {
         "topology": lambda: sysfs.read_topology(sysfs_root, procfs_root),
         "topology-no-online-file": lambda: sysfs.read_topology(sysfs_root, procfs_root),
-        "memory": lambda: sysfs.read_node_memory(sysfs_root, procfs_root, topology),
-        "numastat": lambda: sysfs.read_numastat(sysfs_root, topology),
-        "hugepages": lambda: sysfs.read_hugepages(sysfs_root, topology),
+        "memory": lambda: sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory(),
+        "numastat": lambda: sysfs.NodeFiles(sysfs_root, topology).numastat(),
+        "hugepages": lambda: sysfs.NodeFiles(sysfs_root, topology).hugepages(),
     }
     with pytest.raises(SourceCorrupt):
         readers[reader]()
@@ -503,9 +509,9 @@ def test_garbage_only_ever_raises_source_errors(machine: tuple[Path, Path], name
     write_file(node_file(sysfs_root, 0, name), content)
     try:
         topology = sysfs.read_topology(sysfs_root, procfs_root)
-        sysfs.read_node_memory(sysfs_root, procfs_root, topology)
-        sysfs.read_numastat(sysfs_root, topology)
-        sysfs.read_hugepages(sysfs_root, topology)
+        sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
+        sysfs.NodeFiles(sysfs_root, topology).numastat()
+        sysfs.NodeFiles(sysfs_root, topology).hugepages()
     except SourceError:
         pass
 
@@ -523,20 +529,22 @@ def test_no_numa(tmp_path: Path) -> None:
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     assert topology.nodes == (NumaNode(id=0, cpus=frozenset({0, 1, 3}), distances={}),)
     assert not topology.numa_enabled
-    assert sysfs.read_node_memory(sysfs_root, procfs_root, topology) == {
+    assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory() == {
         0: NodeMemory(total_bytes=2_000_000 * KIB, free_bytes=1_500_000 * KIB, used_bytes=500_000 * KIB)
     }
-    assert sysfs.read_hugepages(sysfs_root, topology) == {0: (HugepagePool(2048, 64, 60),)}
-    assert sysfs.read_numastat(sysfs_root, topology) == {}
+    assert sysfs.NodeFiles(sysfs_root, topology).hugepages() == {0: (HugepagePool(2048, 64, 60),)}
+    assert sysfs.NodeFiles(sysfs_root, topology).numastat() == {}
 
 
 def test_no_numa_hugepages_from_proc_meminfo(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, UMA, with_numa=False, global_hugepages=False)
     topology = sysfs.read_topology(sysfs_root, procfs_root)
-    assert sysfs.read_hugepages(sysfs_root, topology, procfs_root=procfs_root) == {
+    assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).hugepages() == {
         0: (HugepagePool(2048, 64, 60),)
     }
-    assert sysfs.read_hugepages(sysfs_root, topology) == {}  # no procfs root given: nothing to fall back on
+    assert (
+        sysfs.NodeFiles(sysfs_root, topology).hugepages() == {}
+    )  # no procfs root given: nothing to fall back on
 
 
 def test_no_numa_without_proc_meminfo(tmp_path: Path) -> None:
@@ -544,7 +552,7 @@ def test_no_numa_without_proc_meminfo(tmp_path: Path) -> None:
     (procfs_root / "meminfo").unlink()
     topology = sysfs.read_topology(sysfs_root, procfs_root)
     with pytest.raises(SourceMissing):
-        sysfs.read_node_memory(sysfs_root, procfs_root, topology)
+        sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
 
 
 def test_uniform_machine_scales(tmp_path: Path) -> None:
@@ -555,7 +563,7 @@ def test_uniform_machine_scales(tmp_path: Path) -> None:
     assert topology.node_ids == tuple(range(16))
     assert topology.node(15).cpus == frozenset(range(3840, 4096))
     assert topology.node(3).distances[3] == 10 and topology.node(3).distances[4] == 20
-    assert len(sysfs.read_hugepages(sysfs_root, topology)) == 16
+    assert len(sysfs.NodeFiles(sysfs_root, topology).hugepages()) == 16
 
 
 # --- NodeFiles: one per topology, read every round -------------------------------------------------
@@ -620,14 +628,17 @@ def test_node_files_report_bad_nodes_and_keep_the_others(
     def on_node_error(node_id: int, error: SourceError) -> None:
         errors.append((node_id, error.error_type))
 
-    assert files.hugepages(on_node_error=on_node_error) == {}
+    assert files.hugepages(on_node_error=on_node_error) == {
+        0: (HugepagePool(2048, None, 500),),
+        1: (HugepagePool(2048, 256, None),),
+    }
     assert errors == [(0, SourceUnavailable.error_type), (1, SourceCorrupt.error_type)]
     errors.clear()
     # without a handler: an unreadable file is skipped, a corrupt one fails the read
     with pytest.raises(SourceCorrupt):
         files.hugepages()
     write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "3\n")
-    assert files.hugepages() == {0: (), 1: (HugepagePool(2048, 256, 3),)}
+    assert files.hugepages() == {0: (HugepagePool(2048, None, 500),), 1: (HugepagePool(2048, 256, 3),)}
     fail_open(node_file(sysfs_root, 1, "meminfo"), errno.EIO)
     fail_open(node_file(sysfs_root, 0, "numastat"), errno.EACCES)
     assert set(files.memory(on_node_error=on_node_error)) == {0}

@@ -8,20 +8,32 @@ from opentelemetry.metrics import Meter
 
 from otel_numa.catalogue import BY_NAME
 from otel_numa.instruments import allocation, compat, container_usage, enrichment, health, machine
-from otel_numa.instruments.base import Instruments, Observe
-from otel_numa.snapshot import SnapshotStore
+from otel_numa.instruments.base import Instruments, Observe, Part
+from otel_numa.snapshot import Snapshot, SnapshotStore
 
 
-def observers(node_name: str) -> Mapping[str, Observe]:
-    """Every catalogue metric's callback body, by OTel name."""
-    return {
-        **machine.OBSERVERS,
-        **allocation.OBSERVERS,
-        **enrichment.OBSERVERS,
-        **container_usage.OBSERVERS,
-        **health.OBSERVERS,
-        **compat.observers(node_name),
-    }
+def _allocation(snapshot: Snapshot) -> object:
+    return snapshot.allocation
+
+
+def _container_usage(snapshot: Snapshot) -> object:
+    return snapshot.container_usage
+
+
+def observers(node_name: str) -> Mapping[str, tuple[Observe, Part | None]]:
+    """Every catalogue metric's callback body, by OTel name, with the snapshot part it depends on only
+    (``None``: it changes with every collection)."""
+    found: dict[str, tuple[Observe, Part | None]] = {}
+    for bodies, part in (
+        (machine.OBSERVERS, None),  # CPU time and memory move with every read
+        (allocation.OBSERVERS, _allocation),
+        (enrichment.OBSERVERS, _allocation),
+        (container_usage.OBSERVERS, _container_usage),
+        (health.OBSERVERS, None),
+        (compat.observers(node_name), None),
+    ):
+        found.update((name, (body, part)) for name, body in bodies.items())
+    return found
 
 
 def register_instruments(meter: Meter, store: SnapshotStore, metrics: Iterable[str], node_name: str) -> None:
@@ -29,4 +41,5 @@ def register_instruments(meter: Meter, store: SnapshotStore, metrics: Iterable[s
     instruments = Instruments(meter, store)
     bodies = observers(node_name)
     for name in metrics:
-        instruments.add(BY_NAME[name], bodies[name])
+        observe, part = bodies[name]
+        instruments.add(BY_NAME[name], observe, part)

@@ -13,7 +13,8 @@ from otel_numa.snapshot import Snapshot, SnapshotStore
 
 Point = tuple[float | int, Attributes]
 Observe = Callable[[Snapshot], Iterable[Point]]
-__all__ = ["NUMA_ID", "Instruments", "Observe", "Point"]
+Part = Callable[[Snapshot], object]
+__all__ = ["NUMA_ID", "Instruments", "Observe", "Part", "Point"]
 log = logging.getLogger(__name__)
 _failed_callbacks: set[str] = set()  # logged once each
 # OTLP encodes integer points as int64: one value beyond it would fail the whole export.
@@ -27,16 +28,38 @@ class Instruments:
         self._meter = meter
         self._store = store
 
-    def add(self, spec: MetricSpec, observe: Observe) -> None:
+    def add(self, spec: MetricSpec, observe: Observe, part: Part | None = None) -> None:
+        """``part``: the piece of the snapshot the points depend on only. While a snapshot carries the same
+        piece (collectors hand back the same object while nothing changed), the same observations, with
+        the same attribute dicts, are handed to the SDK again instead of being built anew."""
         store = self._store
+        no_part = object()
+        cache: tuple[object, list[Observation]] = (no_part, [])
+
+        previous_series: dict[tuple[object, ...], Attributes] = {}
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
+            nonlocal cache, previous_series
             try:
-                return [
-                    Observation(value, attributes)
-                    for value, attributes in observe(store.current())
-                    if not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
-                ]
+                snapshot = store.current()
+                key = part(snapshot) if part is not None else no_part
+                cached_key, cached = cache  # one tuple: a concurrent reader sees a whole pair
+                if key is cached_key and key is not no_part:
+                    return cached
+                observations: list[Observation] = []
+                series: dict[tuple[object, ...], Attributes] = {}
+                for value, attributes in observe(snapshot):
+                    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                        continue
+                    # the same dict object for a series as long as it exists, whatever its value
+                    identity = tuple(attributes.items()) if attributes else ()
+                    stable = previous_series.get(identity, attributes)
+                    series[identity] = stable
+                    observations.append(Observation(value, stable))
+                previous_series = series
+                if part is not None:
+                    cache = (key, observations)
+                return observations
             except Exception:  # a bug here costs this instrument's series, never the page
                 if spec.name not in _failed_callbacks:
                     _failed_callbacks.add(spec.name)

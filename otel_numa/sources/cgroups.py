@@ -33,7 +33,7 @@ from typing import Literal
 
 from otel_numa.model import CgroupLayout, ContainerNumaUsage
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
-from otel_numa.sources.files import parse_cpulist
+from otel_numa.sources.files import parse_cpulist, read_optional_text
 
 QosClass = Literal["guaranteed", "burstable", "besteffort"]
 
@@ -45,7 +45,6 @@ _QOS_DIR_NAMES: Mapping[str, QosClass] = {"burstable": "burstable", "besteffort"
 _CGROUPFS_POD = re.compile(r"pod([0-9a-fA-F][0-9a-fA-F-]*)")
 _SYSTEMD_POD = re.compile(r".*?-pod([0-9a-fA-F][0-9a-fA-F_]*)\.slice")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,}")
-_READ_CHUNK = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,25 +177,7 @@ def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...
 
 def _read(path: str) -> str | None:
     """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ENODEV:
-            return None
-        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
-    try:
-        chunks: list[bytes] = []
-        while chunk := os.read(fd, _READ_CHUNK):
-            chunks.append(chunk)
-    except OSError as exc:
-        if exc.errno == errno.ENODEV:
-            return None
-        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("ascii", errors="replace")
+    return read_optional_text(path)
 
 
 def _node_values(tokens: list[str], scale: int, text: str) -> dict[int, int]:
@@ -329,14 +310,3 @@ def read_container_usage(
         mems=parse_cpulist(mems) if mems is not None else None,
         cpu_time_s=cpu_time,
     )
-
-
-def read_all_usage(cgroup_root: Path) -> tuple[ContainerNumaUsage, ...]:
-    """Usage of every container cgroup under the root; containers that stop meanwhile are left out.
-
-    Raises :class:`SourceMissing` without a kubepods hierarchy, :class:`SourceUnavailable` when files cannot
-    be read (permissions) and :class:`SourceCorrupt` when one does not parse.
-    """
-    layout = detect_cgroup_layout(cgroup_root)
-    usages = (read_container_usage(cgroup, layout) for cgroup in _find(cgroup_root, layout))
-    return tuple(usage for usage in usages if usage is not None)

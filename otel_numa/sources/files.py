@@ -1,29 +1,91 @@
-"""Small helpers for reading sysfs, procfs and kubelet files, strictly read-only."""
+"""The one place where the sources open files (sysfs, procfs, cgroups, kubelet checkpoints), strictly
+read-only, and the small formats several of them share (CPU lists and masks, stat signatures)."""
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
+
+# Receives each error of one item (a file, a line, a field) while a read goes on without that item.
+ErrorSink = Callable[[SourceError], None]
+
+# More than any sysfs attribute holds (one page): such a file comes back in a single read.
+_READ_SIZE = 1 << 16
+
+# Highest CPU id accepted anywhere (CPU lists, masks, the kubelet's CPU sets): far above any kernel's
+# NR_CPUS (8192), low enough that a corrupt range such as "0-999999999" cannot exhaust memory.
+MAX_CPU_ID = 65535
 
 
-def read_text(path: Path) -> str:
-    """Read a small text file; trailing NULs (some sysfs files end with one) are dropped."""
+def report(error: SourceError, on_error: ErrorSink | None) -> None:
+    """Hand an item's ``error`` to the sink; without one a corrupt item fails the whole read and an
+    unreadable one is skipped (a node or cgroup going away mid-read)."""
+    if on_error is not None:
+        on_error(error)
+    elif not isinstance(error, SourceUnavailable):
+        raise error
+
+
+def naming(path: str | Path, on_error: ErrorSink | None) -> ErrorSink | None:
+    """``on_error`` with ``path`` named in each message (for parsers that only see the text)."""
+    if on_error is None:
+        return None
+    sink = on_error
+    return lambda error: sink(type(error)(f"{path}: {error}", error_type=error.error_type))
+
+
+def read_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
+    """The file's bytes with os-level calls (files read every round stay cheap).
+
+    At most ``limit + 1`` bytes are read when ``limit`` is given, so a caller can tell a file that is too
+    large. A file that does not exist, or whose cgroup or device is gone (``ENODEV``), raises
+    :class:`SourceMissing`; any other failure, a directory in place of the file included, raises
+    :class:`SourceUnavailable`. A read shorter than asked for ends the file: sysfs returns an attribute
+    whole, a regular file up to its end.
+    """
     try:
-        with open(path, "rb") as handle:  # read-only, never created
-            data = handle.read()
-    except FileNotFoundError as exc:
-        raise SourceMissing(f"{path}: not found") from exc
-    except NotADirectoryError as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # read-only, never created
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise SourceMissing(f"{path}: not found") from exc
     except OSError as exc:
-        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
-    return data.rstrip(b"\x00").decode("utf-8", errors="replace")
+        raise _open_error(path, exc) from exc
+    try:
+        # one read is the whole file unless it fills the buffer: then read on to the end (or the limit)
+        cap = _READ_SIZE if limit is None else min(_READ_SIZE, limit + 1)
+        data = os.read(fd, cap)
+        if len(data) == cap and (limit is None or len(data) <= limit):
+            chunks, size = [data], len(data)
+            while limit is None or size <= limit:
+                chunk = os.read(fd, _READ_SIZE if limit is None else min(_READ_SIZE, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
+    finally:
+        os.close(fd)
+    return data
 
 
-def read_optional_text(path: Path) -> str | None:
+def _open_error(path: str | Path, exc: OSError) -> SourceError:
+    if exc.errno == errno.ENODEV:  # the cgroup or device went away while we read it
+        return SourceMissing(f"{path}: gone")
+    return SourceUnavailable(f"{path}: {exc.strerror or exc}")
+
+
+def read_text(path: str | Path) -> str:
+    """A small text file; trailing NULs (some sysfs files end with one) are dropped."""
+    return read_bytes(path).rstrip(b"\x00").decode("utf-8", errors="replace")
+
+
+def read_optional_text(path: str | Path) -> str | None:
     """Like :func:`read_text`, but a missing file is ``None`` instead of an error."""
     try:
         return read_text(path)
@@ -31,8 +93,27 @@ def read_optional_text(path: Path) -> str | None:
         return None
 
 
-# Far above any real machine (the kernel's NR_CPUS tops out at 8192): a corrupt range must not eat memory.
-MAX_CPU_ID = 1 << 16
+def whole_lines(text: str, path: str | Path) -> tuple[str, SourceCorrupt | None]:
+    """The complete lines of a kernel file, and an error when the file was cut short.
+
+    The kernel ends every line it prints with a newline, so a file that does not end with one (an empty
+    file included) lost its end: whatever follows the last newline is not trusted.
+    """
+    if text.endswith("\n"):
+        return text, None
+    kept = text[: text.rfind("\n") + 1]
+    what = "empty" if not text else f"cut short after {len(text)} characters"
+    return kept, SourceCorrupt(f"{path}: {what}")
+
+
+def read_value_text(path: str | Path) -> str:
+    """A one-line kernel attribute (a count, a list, a mask), its newline removed; ``SourceCorrupt`` when
+    it was cut short or is empty."""
+    text = read_text(path)
+    error = whole_lines(text, path)[1]
+    if error is not None:
+        raise error
+    return text[:-1]
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -55,7 +136,7 @@ def parse_cpulist(text: str) -> frozenset[int]:
                     raise ValueError(part)
                 cpus.add(cpu)
         except ValueError as exc:
-            raise SourceCorrupt(f"bad CPU list {text.strip()!r}") from exc
+            raise SourceCorrupt(f"bad CPU list {text.strip()[:80]!r}") from exc
     return frozenset(cpus)
 
 

@@ -13,7 +13,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from otel_numa.sources.errors import SourceCorrupt
-from otel_numa.sources.files import read_text
+from otel_numa.sources.files import ErrorSink, naming, read_text, report, whole_lines
 
 # The columns of a ``cpuN`` line in /proc/stat, in the kernel's order. The two that follow (guest,
 # guest_nice) are already counted inside user and nice, so they are left out.
@@ -54,12 +54,15 @@ def _user_hz() -> int:
 USER_HZ = _user_hz()
 
 
-def _parse_cpu_ticks(text: str) -> dict[int, list[int]]:
-    """The ``cpuN`` lines of /proc/stat as ticks per mode (up to :data:`CPU_MODES`), by CPU id.
+def _parse_cpu_ticks(text: str, on_error: ErrorSink | None = None) -> tuple[dict[int, list[int]], set[int]]:
+    """The ``cpuN`` lines of /proc/stat as ticks per mode (up to :data:`CPU_MODES`), by CPU id, and the
+    ids whose line is bad (reported once per read; without a sink the first one raises).
 
     The reference parser: every check and error message lives here. A CPU listed twice keeps its last line.
     """
     ticks_by_cpu: dict[int, list[int]] = {}
+    bad_cpus: set[int] = set()
+    bad_lines: list[str] = []
     for line in text.splitlines():
         if not line.startswith("cpu"):
             continue
@@ -67,34 +70,31 @@ def _parse_cpu_ticks(text: str) -> dict[int, list[int]]:
         label = _CPU_LABEL.fullmatch(fields[0])
         if label is None:
             continue
+        cpu = int(label.group(1))
         try:
             ticks = [int(value) for value in fields[1 : 1 + len(CPU_MODES)]]
-        except ValueError as exc:
-            raise SourceCorrupt(f"bad /proc/stat line {line[:80]!r}") from exc
-        if any(tick < 0 for tick in ticks):
-            raise SourceCorrupt(f"negative time in /proc/stat line {line[:80]!r}")
-        if len(ticks) < _MIN_CPU_FIELDS:
-            raise SourceCorrupt(f"short /proc/stat line {line[:80]!r}")
-        ticks_by_cpu[int(label.group(1))] = ticks
-    if not ticks_by_cpu:
-        raise SourceCorrupt("/proc/stat has no per-CPU lines")
-    return ticks_by_cpu
-
-
-def parse_cpu_times(text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
-    """The ``cpuN`` lines of /proc/stat as seconds per mode; the aggregate ``cpu`` line is skipped.
-
-    Modes a kernel does not print (older kernels stop after idle or iowait) are absent, not 0.
-    """
-    return {
-        cpu: {mode: tick / user_hz for mode, tick in zip(CPU_MODES, ticks, strict=False)}
-        for cpu, ticks in _parse_cpu_ticks(text).items()
-    }
-
-
-def read_cpu_times(procfs_root: Path) -> dict[int, dict[str, float]]:
-    """Seconds spent per CPU id and mode (see :data:`CPU_MODES`) since boot."""
-    return parse_cpu_times(read_text(procfs_root / "stat"))
+        except ValueError:
+            problem = "bad"
+        else:
+            problem = "negative time in" if any(tick < 0 for tick in ticks) else ""
+            problem = problem or ("short" if len(ticks) < _MIN_CPU_FIELDS else "")
+        if problem:
+            if on_error is None:
+                raise SourceCorrupt(f"{problem} /proc/stat line {line[:80]!r}")
+            bad_lines.append(line)
+            bad_cpus.add(cpu)
+            ticks_by_cpu.pop(cpu, None)
+            continue
+        ticks_by_cpu[cpu] = ticks
+        bad_cpus.discard(cpu)
+    if bad_lines:
+        report(
+            SourceCorrupt(f"/proc/stat: {len(bad_lines)} bad CPU line(s), first {bad_lines[0][:80]!r}"),
+            on_error,
+        )
+    elif not ticks_by_cpu:
+        report(SourceCorrupt("/proc/stat has no per-CPU lines"), on_error)
+    return ticks_by_cpu, bad_cpus
 
 
 def sum_ticks_by_node(
@@ -145,29 +145,56 @@ class NodeCpuTimes:
     first, each with the same number of columns, nothing in them but labels and decimal digits) is parsed
     by columns: one split per line, one ``int()`` per needed value, and each node's sum picked by row
     numbers that are kept while the file lists the same CPUs in the same order. Anything else goes through
-    the line-by-line parser, which gives the same result or raises :class:`SourceCorrupt`.
+    the line-by-line parser, which gives the same result or judges each line: a node with a bad line is
+    left out (with a sink) rather than summed without that CPU.
     """
 
     def __init__(self, nodes_of_cpu: Mapping[int, Iterable[int]]) -> None:
         self._nodes_of_cpu = {cpu: tuple(nodes) for cpu, nodes in nodes_of_cpu.items()}
+        cpus_of_node: dict[int, set[int]] = {}
+        for cpu, nodes in self._nodes_of_cpu.items():
+            for node in nodes:
+                cpus_of_node.setdefault(node, set()).add(cpu)
+        self._cpus_of_node = {node: frozenset(cpus) for node, cpus in cpus_of_node.items()}
         self._labels: tuple[bytes, ...] | None = None
+        self._listed: frozenset[int] = frozenset()
         self._pickers: tuple[tuple[int, _RowPicker], ...] = ()
 
-    def parse_ticks(self, text: str) -> dict[int, tuple[int, ...]]:
-        """Tick sums per node id, in :data:`CPU_MODES` order, as many modes as the kernel prints."""
+    def parse_ticks(self, text: str, on_error: ErrorSink | None = None) -> dict[int, tuple[int, ...]]:
+        """Tick sums per node id, in :data:`CPU_MODES` order, as many modes as the kernel prints, over the
+        CPUs that have a line."""
+        return self._parse(text, on_error)[0]
+
+    def _parse(
+        self, text: str, on_error: ErrorSink | None
+    ) -> tuple[dict[int, tuple[int, ...]], frozenset[int]]:
+        """The sums, and the CPUs with a good line."""
         # bytes split and int() faster than str; only ASCII reads the same either way
         sums = self._sum_columns(text.encode("ascii")) if text.isascii() else None
-        if sums is None:
-            sums = sum_ticks_by_node(_parse_cpu_ticks(text), self._nodes_of_cpu)
-        return sums
+        if sums is not None:
+            return sums, self._listed
+        ticks_by_cpu, bad_cpus = _parse_cpu_ticks(text, on_error)
+        spoiled = {node for cpu in bad_cpus for node in self._nodes_of_cpu.get(cpu, ())}
+        sums = sum_ticks_by_node(ticks_by_cpu, self._nodes_of_cpu)
+        return {node: row for node, row in sums.items() if node not in spoiled}, frozenset(ticks_by_cpu)
 
     def parse(self, text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
         """Seconds per node id and mode (see :data:`CPU_MODES`)."""
         return ticks_to_seconds(self.parse_ticks(text), user_hz)
 
-    def read(self, procfs_root: Path) -> dict[int, dict[str, float]]:
-        """Seconds per node id and mode from ``<procfs-root>/stat``."""
-        return self.parse(read_text(procfs_root / "stat"))
+    def read(self, procfs_root: Path, on_error: ErrorSink | None = None) -> dict[int, dict[str, float]]:
+        """Seconds per node id and mode from ``<procfs-root>/stat``, for the nodes every one of whose CPUs
+        has a good line: a node missing a CPU's share is absent, never low (its counter would step back).
+
+        A line cut short (the file's end lost) is reported and dropped; a missing or unreadable file raises.
+        """
+        path = procfs_root / "stat"
+        text, cut = whole_lines(read_text(path), path)
+        if cut is not None:
+            report(cut, on_error)
+        sums, listed = self._parse(text, on_error)
+        whole = {node: row for node, row in sums.items() if self._cpus_of_node.get(node, listed) <= listed}
+        return ticks_to_seconds(whole)
 
     def _sum_columns(self, text: bytes) -> dict[int, tuple[int, ...]] | None:
         """The column-wise sums, or ``None`` when the file is not in the usual shape."""
@@ -212,17 +239,19 @@ class NodeCpuTimes:
                 rows_by_node.setdefault(node, []).append(row)
         self._pickers = tuple((node, _row_picker(rows)) for node, rows in sorted(rows_by_node.items()))
         self._labels = labels
+        self._listed = frozenset(row_of_cpu)
         return True
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
+def parse_meminfo(text: str, on_error: ErrorSink | None = None) -> dict[str, int]:
     """Fields of a meminfo file by name; ``kB`` values in bytes, unit-less values (page counts) as is.
 
     Works for /proc/meminfo and for sysfs ``nodeN/meminfo`` (whose lines start with ``Node N``);
-    blank lines (older kernels start with one) are skipped.
+    blank lines (older kernels start with one) are skipped. Each field stands alone: a bad line is
+    reported (once per file) and left out; without a sink it fails the parse.
     """
     fields = _parse_plain_meminfo(text)
-    return _parse_meminfo_lines(text) if fields is None else fields
+    return _parse_meminfo_lines(text, on_error) if fields is None else fields
 
 
 def _parse_plain_meminfo(text: str) -> dict[str, int] | None:
@@ -247,27 +276,51 @@ def _parse_plain_meminfo(text: str) -> dict[str, int] | None:
     return fields
 
 
-def _parse_meminfo_lines(text: str) -> dict[str, int]:
+def _meminfo_field(line: str) -> tuple[str, int]:
+    match = _MEMINFO_LINE.fullmatch(line.strip())
+    if match is None:
+        raise SourceCorrupt(f"bad meminfo line {line[:80]!r}")
+    value = int(match.group("value"))
+    unit = match.group("unit")
+    if unit == "kB":
+        value *= 1024
+    elif unit is not None:
+        raise SourceCorrupt(f"unknown unit in meminfo line {line[:80]!r}")
+    if value > MAX_AMOUNT:
+        raise SourceCorrupt(f"out-of-range meminfo line {line[:80]!r}")
+    return match.group("name"), value
+
+
+def _parse_meminfo_lines(text: str, on_error: ErrorSink | None = None) -> dict[str, int]:
     fields: dict[str, int] = {}
+    errors: list[SourceCorrupt] = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        match = _MEMINFO_LINE.fullmatch(line.strip())
-        if match is None:
-            raise SourceCorrupt(f"bad meminfo line {line[:80]!r}")
-        value = int(match.group("value"))
-        unit = match.group("unit")
-        if unit is None:
-            fields[match.group("name")] = value
-        elif unit == "kB":
-            fields[match.group("name")] = value * 1024
-        else:
-            raise SourceCorrupt(f"unknown unit in meminfo line {line[:80]!r}")
-        if fields[match.group("name")] > MAX_AMOUNT:
-            raise SourceCorrupt(f"out-of-range meminfo line {line[:80]!r}")
+        try:
+            name, value = _meminfo_field(line)
+        except SourceCorrupt as error:
+            if on_error is None:
+                raise
+            errors.append(error)
+            continue
+        fields[name] = value
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        report(SourceCorrupt(f"{errors[0]}{more}"), on_error)
     return fields
 
 
-def read_meminfo(procfs_root: Path) -> dict[str, int]:
-    """``<procfs-root>/meminfo`` by field name (bytes; ``HugePages_*`` stay page counts)."""
-    return parse_meminfo(read_text(procfs_root / "meminfo"))
+def read_meminfo(procfs_root: Path, on_error: ErrorSink | None = None) -> dict[str, int]:
+    """``<procfs-root>/meminfo`` by field name (bytes; ``HugePages_*`` stay page counts).
+
+    A missing or unreadable file raises; a line cut short or a bad line is reported and left out.
+    """
+    path = procfs_root / "meminfo"
+    text, cut = whole_lines(read_text(path), path)
+    if cut is not None:
+        report(cut, on_error)
+    try:
+        return parse_meminfo(text, naming(path, on_error))
+    except SourceCorrupt as error:  # only without a sink
+        raise SourceCorrupt(f"{path}: {error}") from error

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from otel_numa.model import ContainerNumaUsage
+from otel_numa.sources.cgroups import detect_cgroup_layout, find_container_cgroups, read_container_usage
+
 Layout = Literal["v1", "v2"]
 Driver = Literal["systemd", "cgroupfs"]
 Qos = Literal["guaranteed", "burstable", "besteffort"]
@@ -281,3 +284,11 @@ def make_pods(
             )
         pods.append(FakePod(uid, qos_cycle[pod_index % 3], tuple(containers)))
     return tuple(pods)
+
+
+def read_all_usage(cgroup_root: Path) -> tuple[ContainerNumaUsage, ...]:
+    """Usage of every container cgroup under the root through the source's own entry points; containers
+    that stop meanwhile are left out (errors raise as the source raises them)."""
+    layout = detect_cgroup_layout(cgroup_root)
+    usages = (read_container_usage(cgroup, layout) for cgroup in find_container_cgroups(cgroup_root))
+    return tuple(usage for usage in usages if usage is not None)

@@ -22,7 +22,6 @@ from otel_numa.sources.checkpoints.device_manager import (
     parse_device_checkpoint,
     read_device_checkpoint,
 )
-from otel_numa.sources.checkpoints.dra import DraManagerState, parse_dra_checkpoint, read_dra_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import parse_memory_manager_state, read_memory_manager_state
 
 __all__ = [
@@ -30,17 +29,14 @@ __all__ = [
     "CpuManagerState",
     "DeviceEntry",
     "DeviceManagerState",
-    "DraManagerState",
     "MemoryBlock",
     "MemoryManagerState",
     "MemoryTable",
     "NumaMemoryState",
     "parse_cpu_manager_state",
     "parse_device_checkpoint",
-    "parse_dra_checkpoint",
     "parse_memory_manager_state",
     "read_cpu_manager_state",
     "read_device_checkpoint",
-    "read_dra_checkpoint",
     "read_memory_manager_state",
 ]

@@ -22,7 +22,8 @@ from otel_numa.sources.checkpoints.gojson import (
     parse_json,
 )
 from otel_numa.sources.checkpoints.gospew import string_checksum, struct_checksum
-from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
+from otel_numa.sources.errors import SourceCorrupt, SourceError
+from otel_numa.sources.files import MAX_CPU_ID, read_bytes
 
 # error_type words of SourceCorrupt (low cardinality: they become a metric attribute)
 WRONG_TYPE = "wrong_type"  # valid JSON whose types fit no layout
@@ -33,20 +34,11 @@ TOO_LARGE = "too_large"
 
 # Real checkpoints are kilobytes; a cap keeps a runaway file from exhausting the agent's memory.
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
-# Highest CPU id accepted in a CPU set: far above any kernel's NR_CPUS, low enough that a range like
-# "0-999999999" cannot exhaust memory.
-MAX_CPU_ID = 65535
 
 
 def read_checkpoint_bytes(path: Path) -> bytes:
     """The file's bytes, opened read-only (nothing is ever created, locked or written)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CHECKPOINT_BYTES + 1)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise SourceMissing(f"{path}: not found") from exc
-    except OSError as exc:
-        raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
+    data = read_bytes(path, limit=MAX_CHECKPOINT_BYTES)
     if len(data) > MAX_CHECKPOINT_BYTES:
         raise SourceCorrupt(f"{path}: larger than {MAX_CHECKPOINT_BYTES} bytes", error_type=TOO_LARGE)
     return data

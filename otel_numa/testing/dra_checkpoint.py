@@ -1,8 +1,9 @@
-"""The kubelet's DRA manager checkpoint (``dra_manager_state``): recognised, verified, and otherwise skipped.
+"""The kubelet's DRA manager checkpoint (``dra_manager_state``), verified as the kubelet does.
 
-It holds ``{"Data": "<JSON text>", "Checksum": N}`` where ``Checksum`` is the CRC-32 (IEEE) of the Data
-text, and the text lists resource claims (``Entries``, or ``ClaimInfoStateList`` in early builds). It
-carries no NUMA placement, so nothing else is read from it.
+The agent does not read it (it carries no NUMA placement); the checkpoint tests use it to tell such files
+from the ones the agent reads. It holds ``{"Data": "<JSON text>", "Checksum": N}`` where ``Checksum`` is
+the CRC-32 (IEEE) of the Data text, and the text lists resource claims (``Entries``, or
+``ClaimInfoStateList`` in early builds).
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""Damage one file of a tree in one of five ways, run the agent once through its command line, and compare.
+
+Used by the fault sweep (tests/test_fault_sweep.py). Each damage is undone before the next, so one
+extracted tree serves every variant.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_numa.cli import main
+
+Variant = Literal["missing", "empty", "garbage", "truncated", "directory"]
+VARIANTS: tuple[Variant, ...] = ("missing", "empty", "garbage", "truncated", "directory")
+
+# Whole lines that no reader can take for a value (the kernel would never print them).
+GARBAGE = b"?\xff garbage -1 x\n"
+
+# Sample name and label pairs -> value.
+SeriesKey = tuple[str, frozenset[tuple[str, str]]]
+Exposition = dict[SeriesKey, float]
+
+# What the sweep ran, for the terminal summary (tests/conftest.py prints it).
+SWEEP_SUMMARY = pytest.StashKey[list[str]]()
+
+
+def truncate(data: bytes) -> bytes:
+    """The first half of ``data``, cut inside a line as a short read would (never right after a newline)."""
+    cut = len(data) // 2
+    while cut > 0 and data[cut - 1 : cut] == b"\n":
+        cut -= 1
+    return data[:cut]
+
+
+def damage(path: Path, variant: Variant) -> Callable[[], None]:
+    """Damage the regular file ``path``; returns what puts it back as it was."""
+    original = path.read_bytes()
+    mode = path.stat().st_mode
+
+    def restore() -> None:
+        if path.is_dir():
+            shutil.rmtree(path)
+        path.write_bytes(original)
+        os.chmod(path, mode)
+
+    if variant in ("missing", "directory"):
+        path.unlink()
+        if variant == "directory":
+            path.mkdir()
+    else:
+        contents = {"empty": b"", "garbage": GARBAGE, "truncated": truncate(original)}
+        path.write_bytes(contents[variant])
+    return restore
+
+
+class _CapturedStdout:
+    """What ``--once`` writes to (it writes bytes to ``sys.stdout.buffer``)."""
+
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+
+    def write(self, text: str) -> int:
+        return self.buffer.write(text.encode())
+
+    def flush(self) -> None:
+        pass
+
+
+def run_once(args: Sequence[str]) -> tuple[int, str]:
+    """``otel-numa --once ARGS`` in this process: its exit status and its stdout."""
+    captured, real = _CapturedStdout(), sys.stdout
+    sys.stdout = captured
+    try:
+        status = main(["--once", *args])
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        sys.stdout = real
+    return status, captured.buffer.getvalue().decode()
+
+
+def parse(text: str) -> Exposition:
+    """The exposition by sample name and labels (``k8s_node_name``, the same on every series, dropped)."""
+    found: Exposition = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = frozenset((k, v) for k, v in sample.labels.items() if k != "k8s_node_name" and v != "")
+            found[(sample.name, labels)] = sample.value
+    return found
+
+
+def changed(before: str, after: str) -> tuple[Exposition, Exposition]:
+    """The samples that differ between two expositions of the same agent, each side parsed: a series that
+    is only in ``before`` was lost, only in ``after`` is new, in both changed its value. Unchanged lines
+    are the same series with the same value, so only the others are parsed."""
+    old_lines, new_lines = _sample_lines(before), _sample_lines(after)
+    return parse("".join(sorted(old_lines - new_lines))), parse("".join(sorted(new_lines - old_lines)))
+
+
+def _sample_lines(text: str) -> set[str]:
+    return {line + "\n" for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def files_under(root: Path, relatives: Iterable[str]) -> list[str]:
+    """Regular files (not links) under each of ``relatives`` (a directory or a file), relative to ``root``."""
+    found: list[str] = []
+    for relative in relatives:
+        start = root / relative
+        if start.is_file() and not start.is_symlink():
+            found.append(relative)
+            continue
+        for directory, _dirs, names in os.walk(start):
+            for name in names:
+                path = Path(directory, name)
+                if path.is_file() and not path.is_symlink():
+                    found.append(str(path.relative_to(root)))
+    return sorted(found)
+
+
+def pick(candidates: Sequence[str], count: int, seed: str) -> list[str]:
+    """``count`` of ``candidates`` chosen the same way every run: the first, then spread by a checksum."""
+    if len(candidates) <= count:
+        return list(candidates)
+    chosen = [candidates[0]]
+    rest = sorted(candidates[1:], key=lambda name: zlib.crc32(f"{seed}:{name}".encode()))
+    return chosen + rest[: count - 1]
