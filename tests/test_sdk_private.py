@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -53,3 +55,78 @@ def test_the_janitor_finds_the_sdk_shape_it_needs_and_forgets_only_departed_pods
 
 def _observation(uid: str) -> Observation:
     return Observation(1, {"k8s.pod.uid": uid})
+
+
+def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
+    import prometheus_client.exposition as exposition
+
+    from otel_numa.sdk_private import FAST_PATHS, RenderedFamilies, install_family_rendering
+
+    FAST_PATHS.install()
+    assert sorted(FAST_PATHS.installed) == [
+        "opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder._encode_attributes",
+        "opentelemetry.exporter.prometheus.sanitize_attribute",
+        "opentelemetry.sdk.metrics._internal._view_instrument_match._hash_attributes",
+        "opentelemetry.sdk.metrics._internal.measurement._clean_attribute_value",
+        "prometheus_client.openmetrics.exposition.escape_label_name",
+    ]
+    assert isinstance(install_family_rendering(), RenderedFamilies)
+    assert isinstance(getattr(exposition.generate_latest, "__self__", None), RenderedFamilies)
+
+
+def test_the_page_is_byte_for_byte_what_the_libraries_write(
+    hwloc_root: Callable[[str], tuple[Path, Path]],
+) -> None:
+    """Scrapes through every fast path (reused translations and text from the second scrape on) give the
+    same bytes as prometheus_client's own encoders, in both formats, also after an input changed."""
+    import prometheus_client.exposition as exposition
+    import prometheus_client.openmetrics.exposition as openmetrics
+
+    from otel_numa.agent import Agent
+    from otel_numa.catalogue import MetricGroup
+    from otel_numa.pipeline import build_pipeline
+    from otel_numa.sdk_private import RenderedFamilies
+    from otel_numa.settings import Settings
+
+    sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
+    settings = Settings(
+        sysfs_root=sysfs,
+        procfs_root=procfs,
+        podresources_socket="none",
+        disable=frozenset({MetricGroup.HEALTH}),
+        node_name="n",
+    )
+    agent = Agent(settings.to_options())
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    rendered = getattr(exposition.generate_latest, "__self__", None)
+    assert isinstance(rendered, RenderedFamilies) and pipeline.registry is not None
+    pages = []
+    for round_ in range(3):
+        if round_ == 2:  # one value changes: that family is translated and rendered again
+            meminfo = sysfs / "devices/system/node/node1/meminfo"
+            meminfo.write_text(re.sub(r"(MemFree:\s+)\d+", r"\g<1>4096", meminfo.read_text()))
+        page = exposition.generate_latest(pipeline.registry)
+        assert page == rendered.text_encoder(pipeline.registry)
+        assert b"numa_cpu_capacity" in page
+        pages.append(page)
+        om = openmetrics.generate_latest(pipeline.registry)  # type: ignore[no-untyped-call]
+        assert om == rendered.openmetrics_encoder(pipeline.registry) and om.endswith(b"# EOF\n")
+    assert pages[0] == pages[1] != pages[2]
+    pipeline.shutdown(timeout_s=1)
+
+
+def test_otlp_attributes_are_encoded_as_the_exporter_encodes_them() -> None:
+    import importlib
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    encoder = importlib.import_module("opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder")
+    common = importlib.import_module("opentelemetry.exporter.otlp.proto.common._internal")
+    attributes = {"numa.node.id": 1, "k8s.pod.uid": "u", "k8s.container.name": "c"}
+    first = encoder._encode_attributes(attributes)
+    assert first == common._encode_attributes(attributes)
+    assert encoder._encode_attributes(attributes) is first  # remembered for the same dict
+    FAST_PATHS.new_collection()
+    FAST_PATHS.new_collection()
+    assert encoder._encode_attributes(attributes) == first  # forgotten after two collections, same result
