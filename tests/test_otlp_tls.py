@@ -140,8 +140,12 @@ def test_otlp_push_through_tls_with_header_and_client_certificate(
                 wait_for(partial(received_from, rotel, node), 30, f"an OTLP export from {node}")
 
         resource, capacity = wait_for(lambda: rotel.latest("numa.memory.capacity"), 30, "an OTLP export")
-        accepted = [r for r in proxy.requests() if r.port == port and r.status == 200]
-        assert accepted, proxy.requests()
+        # nginx writes a request's log line when the request ends, which under load can trail the export
+        accepted = wait_for(
+            lambda: [r for r in proxy.requests() if r.port == port and r.status == 200],
+            10,
+            "nginx to log the accepted pushes",
+        )
         for request in accepted:
             assert request.uri == (
                 "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export" if grpc else "/v1/metrics"
