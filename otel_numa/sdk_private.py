@@ -128,7 +128,6 @@ _MEASUREMENT_MODULE = "opentelemetry.sdk.metrics._internal.measurement"
 _MATCH_MODULE = "opentelemetry.sdk.metrics._internal._view_instrument_match"
 _PROMETHEUS_EXPORTER_MODULE = "opentelemetry.exporter.prometheus"
 _OPENMETRICS_MODULE = "prometheus_client.openmetrics.exposition"
-_OTLP_METRICS_ENCODER_MODULE = "opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder"
 
 
 class _CleanedAttributes:
@@ -186,23 +185,6 @@ class _HashedAttributes:
         self._previous, self._known = self._known, {}
 
 
-class _EncodedAttributes(_CleanedAttributes):
-    """The OTLP encoding of a data point's attributes, remembered per attribute dict object (the SDK keeps
-    one per series); protobuf copies the messages into each request, so sharing them is safe."""
-
-    def __call__(self, value: Any, max_length: int | None = None) -> Any:
-        if not isinstance(value, dict) or not value:
-            return self._clean(value)
-        key = id(value)
-        entry = self._current.get(key)
-        if entry is None or entry[0] is not value:
-            entry = self._previous.get(key)
-            if entry is None or entry[0] is not value:
-                entry = (value, self._clean(value))
-            self._current[key] = entry
-        return entry[1]
-
-
 class FastPaths:
     """The memoised stand-ins, installed once per process; :meth:`new_collection` ages their memory."""
 
@@ -222,14 +204,6 @@ class FastPaths:
         cleaned = self._replace(measurement, "_clean_attribute_value", _CleanedAttributes)
         hashed = self._replace(match, "_hash_attributes", _HashedAttributes)
         self._rotating = [memo for memo in (cleaned, hashed) if memo is not None]
-        try:
-            encoder = importlib.import_module(_OTLP_METRICS_ENCODER_MODULE)
-        except ImportError:  # no OTLP exporter installed
-            encoder = None
-        if encoder is not None:
-            encoded = self._replace(encoder, "_encode_attributes", _EncodedAttributes)
-            if encoded is not None:
-                self._rotating.append(encoded)
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
 

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from otel_numa import catalogue
-from otel_numa.proto import cri_runtime_v1_pb2 as pb
-from otel_numa.testing.cri_server import CriServer, RuntimeContainer
+from otel_numa.testing.cri_server import CriServer, one_running_container
 from otel_numa.testing.peers import REPO, http_get, run_agent, run_prometheus, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from tests.test_dashboard_live import DEMO, demo_podresources_state
@@ -105,25 +104,9 @@ def test_a_real_scrape_shows_exactly_the_catalogues_metrics(
             PodResourcesServer(state=demo_podresources_state()) as server,
             CriServer(cri_dir / "containerd.sock") as runtime,
         ):
-            runtime.state.sandboxes = [
-                pb.PodSandbox(
-                    id="sb1",
-                    metadata=pb.PodSandboxMetadata(name="web-0", uid=WEB_UID, namespace="default"),
-                    state=pb.SANDBOX_READY,
-                    labels={"team": "web"},
-                )
-            ]
-            runtime.state.containers = [
-                RuntimeContainer(
-                    pb.Container(
-                        id="c1",
-                        pod_sandbox_id="sb1",
-                        metadata=pb.ContainerMetadata(name="app"),
-                        state=pb.CONTAINER_RUNNING,
-                    ),
-                    env={},
-                )
-            ]
+            one_running_container(
+                runtime, (WEB_UID, "web-0", "default"), ("c1", "app"), labels={"team": "web"}
+            )
             args = [
                 "--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--node-name", "catalogue-node",
                 "--kubelet-root", str(demo / "kubelet"), "--pod-logs-root", str(demo / "pod-logs"),

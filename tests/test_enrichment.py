@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from otel_numa.proto import cri_runtime_v1_pb2 as pb
 from otel_numa.testing.checkpoints import write_cpu_manager_state
-from otel_numa.testing.cri_server import CriServer, RuntimeContainer
+from otel_numa.testing.cri_server import CriServer, one_running_container
 from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
 from otel_numa.testing.podresources_server import short_socket_dir
 from otel_numa.testing.sysfs_tree import uniform_nodes
@@ -31,30 +30,14 @@ def node(tmp_path: Path) -> KubeletScenario:
 def runtime() -> Iterator[CriServer]:
     directory = short_socket_dir()
     with CriServer(directory / "containerd.sock") as server:
-        server.state.sandboxes = [
-            pb.PodSandbox(
-                id="sb1",
-                metadata=pb.PodSandboxMetadata(name="billing-0", uid=UID, namespace="finance"),
-                state=pb.SANDBOX_READY,
-                labels={
-                    "team": "payments",
-                    "app.kubernetes.io/name": "billing",
-                    "io.kubernetes.pod.uid": UID,
-                },
-                annotations={"owner": "alice", "checksum/config": "abc"},
-            )
-        ]
-        server.state.containers = [
-            RuntimeContainer(
-                pb.Container(
-                    id="c1",
-                    pod_sandbox_id="sb1",
-                    metadata=pb.ContainerMetadata(name="api"),
-                    state=pb.CONTAINER_RUNNING,
-                ),
-                env={"TEAM": "payments-" + "x" * 300, "DB_PASSWORD": SECRET, "REGION": "eu-1"},
-            )
-        ]
+        one_running_container(
+            server,
+            (UID, "billing-0", "finance"),
+            ("c1", "api"),
+            labels={"team": "payments", "app.kubernetes.io/name": "billing", "io.kubernetes.pod.uid": UID},
+            annotations={"owner": "alice", "checksum/config": "abc"},
+            env={"TEAM": "payments-" + "x" * 300, "DB_PASSWORD": SECRET, "REGION": "eu-1"},
+        )
         yield server
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -64,7 +64,6 @@ def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
 
     FAST_PATHS.install()
     assert sorted(FAST_PATHS.installed) == [
-        "opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder._encode_attributes",
         "opentelemetry.exporter.prometheus.sanitize_attribute",
         "opentelemetry.sdk.metrics._internal._view_instrument_match._hash_attributes",
         "opentelemetry.sdk.metrics._internal.measurement._clean_attribute_value",
@@ -113,20 +112,3 @@ def test_the_page_is_byte_for_byte_what_the_libraries_write(
         assert om == rendered.openmetrics_encoder(pipeline.registry) and om.endswith(b"# EOF\n")
     assert pages[0] == pages[1] != pages[2]
     pipeline.shutdown(timeout_s=1)
-
-
-def test_otlp_attributes_are_encoded_as_the_exporter_encodes_them() -> None:
-    import importlib
-
-    from otel_numa.sdk_private import FAST_PATHS
-
-    FAST_PATHS.install()
-    encoder = importlib.import_module("opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder")
-    common = importlib.import_module("opentelemetry.exporter.otlp.proto.common._internal")
-    attributes = {"numa.node.id": 1, "k8s.pod.uid": "u", "k8s.container.name": "c"}
-    first = encoder._encode_attributes(attributes)
-    assert first == common._encode_attributes(attributes)
-    assert encoder._encode_attributes(attributes) is first  # remembered for the same dict
-    FAST_PATHS.new_collection()
-    FAST_PATHS.new_collection()
-    assert encoder._encode_attributes(attributes) == first  # forgotten after two collections, same result

@@ -15,10 +15,9 @@ from otel_numa import agent as agent_module
 from otel_numa.collectors.background import BackgroundSources
 from otel_numa.collectors.cgroups import CgroupCollector
 from otel_numa.collectors.machine import MachineCollector
-from otel_numa.proto import cri_runtime_v1_pb2 as pb
 from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, write_cgroup_tree
 from otel_numa.testing.checkpoints import write_cpu_manager_state
-from otel_numa.testing.cri_server import CriServer, RuntimeContainer
+from otel_numa.testing.cri_server import CriServer, one_running_container
 from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario
 from otel_numa.testing.peers import Prometheus, free_port, run_prometheus, run_rotel, wait_for
 from otel_numa.testing.podresources_server import short_socket_dir
@@ -61,25 +60,7 @@ def node(tmp_path: Path) -> KubeletScenario:
 def runtime() -> Iterator[CriServer]:
     directory = short_socket_dir()
     with CriServer(directory / "containerd.sock") as server:
-        server.state.sandboxes = [
-            pb.PodSandbox(
-                id="sb1",
-                metadata=pb.PodSandboxMetadata(name="api-0", uid=UID, namespace="shop"),
-                state=pb.SANDBOX_READY,
-                labels={"team": "shop"},
-            )
-        ]
-        server.state.containers = [
-            RuntimeContainer(
-                pb.Container(
-                    id=CONTAINER_ID,
-                    pod_sandbox_id="sb1",
-                    metadata=pb.ContainerMetadata(name="api"),
-                    state=pb.CONTAINER_RUNNING,
-                ),
-                env={},
-            )
-        ]
+        one_running_container(server, (UID, "api-0", "shop"), (CONTAINER_ID, "api"), labels={"team": "shop"})
         yield server
     shutil.rmtree(directory, ignore_errors=True)
 

@@ -252,3 +252,38 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def one_running_container(
+    server: CriServer,
+    pod: tuple[str, str, str],
+    container: tuple[str, str],
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """The runtime's state: one ready sandbox for ``pod`` (uid, name, namespace) running ``container``
+    (id, name)."""
+    uid, name, namespace = pod
+    container_id, container_name = container
+    server.state.sandboxes = [
+        pb.PodSandbox(
+            id="sb1",
+            metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace=namespace),
+            state=pb.SANDBOX_READY,
+            labels=dict(labels or {}),
+            annotations=dict(annotations or {}),
+        )
+    ]
+    server.state.containers = [
+        RuntimeContainer(
+            pb.Container(
+                id=container_id,
+                pod_sandbox_id="sb1",
+                metadata=pb.ContainerMetadata(name=container_name),
+                state=pb.CONTAINER_RUNNING,
+            ),
+            env=dict(env or {}),
+        )
+    ]
