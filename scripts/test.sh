@@ -7,5 +7,6 @@ bash scripts/setup.sh --test
 .venv/bin/ruff check otel_numa tests benchmarks config
 .venv/bin/ruff format --check otel_numa tests benchmarks config
 .venv/bin/mypy
+# the import-layer contracts of pyproject.toml; the report (a banner) is shown only when one is broken
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 exec .venv/bin/pytest "$@"

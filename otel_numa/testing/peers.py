@@ -206,12 +206,7 @@ def run_prometheus(
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 30, "prometheus to be ready")
         yield prom
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 # rotel: a real OTLP collector -----------------------------------------------------------------
@@ -360,12 +355,7 @@ def run_rotel(tmp_path: Path, verbosity: str = "detailed") -> Iterator[Rotel]:
         wait_for(listening, 20, "rotel to listen")
         yield rotel
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 # nginx: a real TLS terminator in front of rotel ------------------------------------------------
@@ -516,9 +506,14 @@ def run_otlp_tls_proxy(
         wait_for(listening, 20, "nginx to listen")
         yield proxy
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
