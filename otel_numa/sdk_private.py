@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -247,8 +248,9 @@ class _Translation:
 class _TranslatedMetrics:
     """Wraps the exporter collector's ``_translate_metric``."""
 
-    def __init__(self, translate: Callable[..., None]) -> None:
+    def __init__(self, translate: Callable[..., None], labels: _CollectedDataPoints) -> None:
         self._translate = translate
+        self._labels = labels
         self._known: dict[str, _Translation] = {}
 
     def __call__(
@@ -273,12 +275,54 @@ class _TranslatedMetrics:
             metric_family_id_metric_family.update(known.families)
             return
         before = set(metric_family_id_metric_family)
-        self._translate(metric, scope_attrs, resource_attrs, metric_family_id_metric_family)
+        self._labels.metric.key = key
+        try:
+            self._translate(metric, scope_attrs, resource_attrs, metric_family_id_metric_family)
+        finally:
+            self._labels.metric.key = None
         added = tuple((fid, fam) for fid, fam in metric_family_id_metric_family.items() if fid not in before)
         if None in values or any(fid in before for fid, _ in added) or not added:
             self._known.pop(key, None)  # histograms, merged families: translated every time
         else:
             self._known[key] = _Translation(attributes, values, added)
+
+
+@dataclass
+class _Labels:
+    attributes: tuple[object, ...]  # held, so that their ids cannot be reused while remembered
+    context: tuple[object, ...]  # the resource and scope labels they were made with
+    keys: list[str]
+    rows: list[list[str]]
+
+
+class _CollectedDataPoints:
+    """Wraps the exporter collector's ``_collect_data_points``: the label names and values of a metric
+    whose data points have the same attribute dicts as last time (only the values changed, e.g. fresh
+    cgroup readings) are reused; only the values are read again."""
+
+    def __init__(self, collect: Callable[..., Any]) -> None:
+        self._collect = collect
+        self._known: dict[str, _Labels] = {}  # one entry per metric
+        self.metric = threading.local()  # the metric being translated in this thread (_TranslatedMetrics)
+
+    def __call__(self, metric_data: Any, scope_attrs: Any, resource_attrs: Any) -> Any:
+        points = getattr(metric_data, "data_points", ())
+        key = getattr(self.metric, "key", None)
+        if key is None or any(not hasattr(point, "value") for point in points):  # e.g. histograms
+            return self._collect(metric_data, scope_attrs, resource_attrs)
+        attributes = tuple(point.attributes for point in points)
+        context = (tuple(resource_attrs.items()), tuple(scope_attrs.items()))
+        known = self._known.get(key)
+        if (
+            known is not None
+            and known.context == context
+            and len(known.attributes) == len(attributes)
+            and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
+        ):
+            return known.keys, known.rows, [point.value for point in points]
+        keys, rows, values = self._collect(metric_data, scope_attrs, resource_attrs)
+        self._known[key] = _Labels(attributes, context, keys, rows)
+        return keys, rows, values
 
 
 class _OneFamily:
@@ -335,7 +379,13 @@ def speed_up_prometheus_reader(reader: Any) -> bool:
     if collector is None or not callable(translate):
         log.warning("cannot reuse unchanged translations with this Prometheus exporter version")
         return False
-    collector._translate_metric = _TranslatedMetrics(translate)
+    collect = getattr(collector, "_collect_data_points", None)
+    if not callable(collect):
+        log.warning("cannot reuse label rows with this Prometheus exporter version")
+        return False
+    labels = _CollectedDataPoints(collect)
+    collector._collect_data_points = labels
+    collector._translate_metric = _TranslatedMetrics(translate, labels)
     return True
 
 

@@ -4,6 +4,7 @@ upgrade changes the shape the agent relies on, and the pins in pyproject.toml ma
 from __future__ import annotations
 
 import re
+import shutil
 import tomllib
 from collections.abc import Callable
 from importlib.metadata import version
@@ -112,3 +113,43 @@ def test_the_page_is_byte_for_byte_what_the_libraries_write(
         assert om == rendered.openmetrics_encoder(pipeline.registry) and om.endswith(b"# EOF\n")
     assert pages[0] == pages[1] != pages[2]
     pipeline.shutdown(timeout_s=1)
+
+
+def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
+    """One MeterProvider, two Prometheus readers over the agent's instruments: one with reused
+    translations and label rows, one as the exporter ships it. Their pages are equal while values change
+    (fresh per-container usage) and while series come and go."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from otel_numa.agent import Agent
+    from otel_numa.catalogue import METRICS
+    from otel_numa.instruments import register_instruments
+    from otel_numa.sdk_private import speed_up_prometheus_reader
+    from otel_numa.settings import Settings
+    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path / "node", spec)
+    agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
+    fast_registry, plain_registry = CollectorRegistry(), CollectorRegistry()
+    fast = PrometheusMetricReader(registry=fast_registry, disable_target_info=True)
+    plain = PrometheusMetricReader(registry=plain_registry, disable_target_info=True)
+    assert speed_up_prometheus_reader(fast)
+    provider = MeterProvider(metric_readers=[fast, plain])
+    names = [spec.name for spec in METRICS if spec.group.value not in ("health", "compat")]
+    register_instruments(provider.get_meter("t"), agent.store, names, "n")
+    pages = []
+    for generation in range(4):
+        if generation == 2:
+            node.write_cgroup_usage(generation)  # new values for the same series
+        if generation == 3:
+            shutil.rmtree(next((node.root / "pod-logs").iterdir()))  # a pod is gone: fewer series
+        agent.refresh_background()
+        with agent.store.pinned():
+            fast_page, plain_page = generate_latest(fast_registry), generate_latest(plain_registry)
+        assert fast_page == plain_page, generation
+        assert b"numa_container_memory_usage_bytes" in fast_page
+        pages.append(fast_page)
+    assert pages[0] == pages[1] != pages[2] != pages[3]  # the same, new values, other series
+    provider.shutdown()
