@@ -81,12 +81,18 @@ def _mapped_files(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_the_serving_process_never_loaded_pydantic(tmp_path: Path) -> None:
-    with run_agent(["--podresources-socket", "none"], tmp_path) as agent:
+def test_the_serving_process_loads_neither_pydantic_nor_an_unneeded_grpc(tmp_path: Path) -> None:
+    """The settings machinery stays in the process that exec'ed; gRPC (about 13 MB) is loaded only for a
+    gRPC peer that is configured and present: here the podresources socket is configured but absent and
+    there is no OTLP gRPC exporter."""
+    absent = tmp_path / "pod-resources" / "kubelet.sock"
+    with run_agent(["--podresources-socket", str(absent), "--interval", "1"], tmp_path) as agent:
+        wait_for(lambda: "podresources is not available" in agent.log(), 10, "a podresources attempt")
         maps = _mapped_files(agent.process.pid)
         cmdline = Path(f"/proc/{agent.process.pid}/cmdline").read_bytes().split(b"\0")
         assert b"otel_numa.serve" in cmdline  # the same PID, exec'ed into the serving module
         assert "pydantic_core" not in maps
+        assert "cygrpc" not in maps
         assert http_get(f"http://127.0.0.1:{agent.prometheus_port}/metrics")[0] == 200
 
 

@@ -9,9 +9,11 @@ so a metric callback never waits on an RPC, whatever the kubelet does.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from otel_numa.accounting import with_podresources
 from otel_numa.join import join_pods, live_pod_set
@@ -19,7 +21,9 @@ from otel_numa.memo import LastResult
 from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
-from otel_numa.sources.podresources import PodResourcesClient
+
+if TYPE_CHECKING:
+    from otel_numa.sources.podresources import PodResourcesClient
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,8 @@ class PodResourcesRefresher:
         client: PodResourcesClient | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client if client is not None else PodResourcesClient(socket_path)
+        self._socket_path = socket_path
+        self._client_instance = client
         self._tracker = registry.tracker(SOURCE)
         self._interval_s = interval_s
         self._clock = clock
@@ -62,6 +67,16 @@ class PodResourcesRefresher:
         """The last good answer (replaced whole, never mutated: safe to read from any thread)."""
         return self._latest
 
+    def _client(self) -> PodResourcesClient:
+        """The client, made when the socket first exists: gRPC is not even imported on a node without it."""
+        if self._client_instance is None:
+            if not os.path.exists(self._socket_path):
+                raise SourceMissing(f"{self._socket_path}: no such socket")
+            from otel_numa.sources.podresources import PodResourcesClient
+
+            self._client_instance = PodResourcesClient(self._socket_path)
+        return self._client_instance
+
     def refresh(self) -> None:
         with self._tracker.timed():
             self._refresh()
@@ -71,7 +86,7 @@ class PodResourcesRefresher:
         if now < self._next_attempt:
             return
         try:
-            pods = self._client.list_pods()
+            pods = self._client().list_pods()
             allocatable = self._allocatable()
         except SourceMissing as missing:
             self._latest = None
@@ -90,7 +105,7 @@ class PodResourcesRefresher:
         if self._allocatable_unimplemented:
             return None
         try:
-            return self._client.allocatable()
+            return self._client().allocatable()
         except SourceError as error:
             if error.error_type != "unimplemented":
                 raise
@@ -99,7 +114,8 @@ class PodResourcesRefresher:
             return None
 
     def close(self) -> None:
-        self._client.close()
+        if self._client_instance is not None:
+            self._client_instance.close()
 
     # Into the kubelet state ---------------------------------------------------------------------
 

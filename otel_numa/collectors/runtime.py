@@ -14,18 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from otel_numa.model import Allocation
 from otel_numa.source_status import SourceRegistry
-from otel_numa.sources.cri import (
-    CRI_SOCKET_CANDIDATES,
-    ContainerInfo,
-    CriClient,
-    detect_cri_socket,
-    is_secret_like,
-)
 from otel_numa.sources.errors import SourceError, SourceMissing
+
+if TYPE_CHECKING:  # the CRI client brings gRPC: imported only where the runtime is configured
+    from otel_numa.sources.cri import ContainerInfo, CriClient
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +57,13 @@ def attribute_name(prefix: str, key: str) -> str:
 
 def enrichment_attributes(info: ContainerInfo, rules: EnrichmentRules) -> dict[str, str]:
     """The allowlisted labels, annotations and environment variables of one container."""
+    from otel_numa.sources import cri
+
     found: dict[str, str] = {}
     for prefix, values, allowed in (
         (LABEL_PREFIX, info.pod_labels, rules.pod_labels),
         (ANNOTATION_PREFIX, info.pod_annotations, rules.pod_annotations),
-        (ENV_PREFIX, info.env, frozenset(name for name in rules.env if not is_secret_like(name))),
+        (ENV_PREFIX, info.env, frozenset(name for name in rules.env if not cri.is_secret_like(name))),
     ):
         for key in sorted(allowed):
             value = values.get(key)
@@ -79,6 +77,8 @@ def resolve_cri_socket(setting: str) -> Path | None:
     if setting.lower() == "none":
         return None
     if setting.lower() == "auto":
+        from otel_numa.sources.cri import CRI_SOCKET_CANDIDATES, detect_cri_socket
+
         return detect_cri_socket([Path(candidate) for candidate in CRI_SOCKET_CANDIDATES])
     return Path(setting)
 
@@ -94,7 +94,11 @@ class RuntimeRefresher:
         *,
         client: CriClient | None = None,
     ) -> None:
-        self._client = client if client is not None else CriClient(socket_path)
+        if client is None:
+            from otel_numa.sources.cri import CriClient
+
+            client = CriClient(socket_path)
+        self._client = client
         self._rules = rules
         self._tracker = registry.tracker(SOURCE)
         self._latest: RuntimeView | None = None
