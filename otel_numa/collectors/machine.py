@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from otel_numa.model import HugepagePool, MachineUsage, NodeMemory, Topology
+from otel_numa.options import MachinePart
 from otel_numa.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources import sysfs
 from otel_numa.sources.errors import SourceError
@@ -24,7 +25,6 @@ from otel_numa.sources.sysfs import NodeFiles
 T = TypeVar("T")
 V = TypeVar("V")
 
-MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time"]
 ALL_MACHINE_PARTS: frozenset[MachinePart] = frozenset(("memory", "hugepages", "numastat", "cpu_time"))
 
 
@@ -110,32 +110,33 @@ class MachineCollector:
                     values[node_id] = merge(values.get(node_id), previous[node_id])
             return values
 
-        usage = MachineUsage(
-            topology=topology,
-            memory=per_node(
+        with self._sysfs.timed():
+            memory = per_node(
                 "memory",
                 memory_tracker,
                 lambda on_error: node_files.memory(on_node_error=on_error),
                 last.memory if last else None,
                 _merge_memory,
-            ),
-            hugepages=per_node(
+            )
+            hugepages = per_node(
                 "hugepages",
                 self._sysfs,
                 lambda on_error: node_files.hugepages(on_node_error=on_error),
                 last.hugepages if last else None,
                 _merge_pools,
-            ),
-            numastat=per_node(
+            )
+            numastat = per_node(
                 "numastat",
                 self._sysfs,
                 lambda on_error: node_files.numastat(on_node_error=on_error),
                 last.numastat if last else None,
                 lambda fresh, old: {**old, **(fresh or {})},
-            ),
-            cpu_time=self._cpu_time(cpu_times, failed, last.cpu_time if last else None),
-        )
-        for tracker in (self._sysfs, self._procfs):
+            )
+        with self._procfs.timed():
+            cpu_time = self._cpu_time(cpu_times, failed, last.cpu_time if last else None)
+        usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time)
+        procfs_read = "cpu_time" in self._parts or ("memory" in self._parts and not topology.numa_enabled)
+        for tracker in (self._sysfs, self._procfs) if procfs_read else (self._sysfs,):
             if tracker.name not in failed:
                 tracker.succeeded()
         self._last = usage
