@@ -126,3 +126,15 @@ def test_an_exception_in_one_stage_costs_only_its_series(
         assert "numa.cpu.capacity" in pushed_names
     else:
         assert "numa.cpu.capacity" not in pushed_names
+
+
+def test_an_exception_in_one_instruments_callback_costs_only_its_series(
+    node: KubeletScenario, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otel_numa.instruments import machine
+
+    monkeypatch.setitem(machine.OBSERVERS, "numa.memory.capacity", _boom)
+    text = node.exposition()
+    assert "numa_memory_capacity_bytes{" not in text
+    assert "numa_cpu_capacity{" in text and "numa_cpu_allocated{" in text
+    assert "internal error observing numa.memory.capacity" in caplog.text
