@@ -2,10 +2,12 @@
 
 The kubelet writes a checkpoint to a temporary file beside it, fsyncs it and renames it over the old one, so
 the change shows up as a rename into the directory (IN_MOVED_TO). The directories holding the checkpoints are
-watched, non-recursively, with watchfiles (inotify through the Rust ``notify`` crate); a watch only needs read
-access, so a read-only mount works. Events are grouped until the directory has been quiet for ``settle_ms``
-(the kubelet rewrites several files per pod admission), at most ``max_batch_ms``, then ``on_change`` is called
-once. Rate-limiting the exports that follow is the scheduler's job.
+watched, non-recursively, with inotify (:func:`inotify_batches`, through the inotify_simple binding); a watch
+only needs read access, so a read-only mount works. The watching thread sleeps in ``poll(2)`` until the kernel
+has an event (and a few times a second to notice a stop): an idle node costs no periodic work. Events are
+grouped until the directory has been quiet for ``settle_ms`` (the kubelet rewrites several files per pod
+admission), at most ``max_batch_ms``, then ``on_change`` is called once. Rate-limiting the exports that follow
+is the scheduler's job.
 
 Once per ``poll_interval_s`` the identity (device, inode) of each directory is checked: a kubelet restart
 that deletes and re-creates the directory, or a mount placed over it, leaves the old watch blind, so the watch
@@ -25,14 +27,71 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import watchfiles
+from inotify_simple import INotify, flags
 
 from otel_numa.sources.files import StatSignature
 
 log = logging.getLogger(__name__)
 
-# watchfiles.watch's signature; tests put a failing stand-in in its place.
+# A source of batches of (change, path), as inotify_batches yields them; tests put a failing stand-in in
+# its place.
 WatchBackend = Callable[..., Iterator[set[tuple[Any, str]]]]
+
+_EVENTS = (
+    flags.CREATE
+    | flags.DELETE
+    | flags.MODIFY
+    | flags.CLOSE_WRITE
+    | flags.MOVED_FROM
+    | flags.MOVED_TO
+    | flags.ATTRIB
+    | flags.DELETE_SELF
+    | flags.MOVE_SELF
+)
+STOP_CHECK_MS = 250  # how soon a stop is noticed while nothing happens
+
+
+def inotify_batches(
+    *directories: Path,
+    debounce: int,
+    step: int,
+    stop_event: threading.Event,
+    rust_timeout: int,
+    **_unused: object,
+) -> Iterator[set[tuple[int, str]]]:
+    """Batches of (event mask, path) for changes in ``directories`` (not recursive): a batch once they have
+    been quiet for ``step`` ms, at most ``debounce`` ms after its first event; an empty batch every
+    ``rust_timeout`` ms without events; nothing after ``stop_event``. A path is the directory itself when
+    the directory was deleted or moved. Raises OSError when a watch cannot be set up (no inotify, limits)."""
+    inotify = INotify()
+    try:
+        names = {inotify.add_watch(str(directory), _EVENTS): str(directory) for directory in directories}
+        quiet_since = time.monotonic()
+        while not stop_event.is_set():
+            events = inotify.read(timeout=STOP_CHECK_MS)
+            if not events:
+                if time.monotonic() - quiet_since >= rust_timeout / 1000:
+                    quiet_since = time.monotonic()
+                    yield set()
+                continue
+            batch: set[tuple[int, str]] = set()
+            first = time.monotonic()
+            while events:
+                for event in events:
+                    directory = names.get(event.wd)
+                    if directory is not None:
+                        batch.add(
+                            (event.mask, os.path.join(directory, event.name) if event.name else directory)
+                        )
+                if (time.monotonic() - first) * 1000 >= debounce:
+                    break
+                events = inotify.read(timeout=step)
+            quiet_since = time.monotonic()
+            yield batch
+    finally:
+        inotify.close()
+
+
 WatcherMode = Literal["starting", "watching", "polling", "stopped"]
 DirectoryIdentity = tuple[int, int] | None  # (st_dev, st_ino); None when the directory does not exist
 
@@ -61,7 +120,7 @@ class CheckpointWatcher:
         settle_ms: int = 20,
         max_batch_ms: int = 100,
         watch_retry_s: float = 60.0,
-        backend: WatchBackend = watchfiles.watch,
+        backend: WatchBackend = inotify_batches,
     ) -> None:
         self._files = tuple(Path(os.path.abspath(path)) for path in files)
         self._names = frozenset(path.name for path in self._files)
@@ -87,8 +146,6 @@ class CheckpointWatcher:
         return self._directories
 
     def start(self) -> None:
-        # watchfiles logs every batch at INFO; our own log says what matters.
-        logging.getLogger("watchfiles").setLevel(logging.WARNING)
         self._thread.start()
 
     def stop(self, timeout_s: float = 1.0) -> None:
@@ -107,7 +164,7 @@ class CheckpointWatcher:
                 try:
                     self._watch(present, identities)
                     continue
-                except (OSError, RuntimeError) as failure:  # watchfiles' internal error is a RuntimeError
+                except (OSError, RuntimeError) as failure:
                     if self._directory_identities() != identities:
                         continue  # the directory went away under us: not a failure of the watch
                     self._fall_back(failure)

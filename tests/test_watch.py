@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import watchfiles
-from watchfiles._rust_notify import WatchfilesRustInternalError
 
 from otel_numa.testing.checkpoints import write_atomically, write_cpu_manager_state
 from otel_numa.testing.peers import wait_for
-from otel_numa.watch import CheckpointWatcher, WatchBackend
+from otel_numa.watch import CheckpointWatcher, WatchBackend, inotify_batches
 
 POLL_S = 0.2  # the watcher's identity check / polling period in these tests
 
@@ -56,7 +54,7 @@ def checkpoint_paths(root: Path) -> list[Path]:
 
 @contextmanager
 def running_watcher(
-    root: Path, backend: WatchBackend = watchfiles.watch, **options: Any
+    root: Path, backend: WatchBackend = inotify_batches, **options: Any
 ) -> Iterator[tuple[CheckpointWatcher, Calls]]:
     calls = Calls()
     watcher = CheckpointWatcher(
@@ -180,7 +178,7 @@ def test_a_change_while_no_watch_is_live_is_caught_up(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "failure",
     [
-        WatchfilesRustInternalError("Error creating recommended watcher: Too many open files (os error 24)"),
+        OSError(errno.EMFILE, "Too many open files"),  # inotify_init1: no inotify instance left
         OSError(errno.ENOSPC, "OS file watch limit reached"),
     ],
     ids=["no-inotify-instance", "watch-limit"],
@@ -193,7 +191,7 @@ def test_without_inotify_it_polls_and_says_so_once(
     def unavailable(*_paths: Any, **_options: Any) -> Iterator[set[tuple[Any, str]]]:
         attempts.append(time.monotonic())
         raise failure
-        yield set()  # a generator, like watchfiles.watch
+        yield set()  # a generator, like inotify_batches
 
     root = kubelet_dir(tmp_path)
     caplog.set_level(logging.INFO, logger="otel_numa.watch")
@@ -216,7 +214,7 @@ def test_the_watch_comes_back_after_a_failure(tmp_path: Path, caplog: pytest.Log
     def flaky(*paths: Any, **options: Any) -> Iterator[set[tuple[Any, str]]]:
         if failures:
             raise failures.pop()
-        yield from watchfiles.watch(*paths, **options)
+        yield from inotify_batches(*paths, **options)
 
     root = kubelet_dir(tmp_path)
     caplog.set_level(logging.INFO, logger="otel_numa.watch")
