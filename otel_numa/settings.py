@@ -260,24 +260,21 @@ class Settings(BaseSettings):
             return None
         return TlsOptions(self.tls_cert_file, self.tls_key_file, self.tls_client_ca_file)
 
-    def enabled(self, group: MetricGroup) -> bool:
-        return group not in self.disable
-
     def to_options(self) -> AgentOptions:
         """The plain options the agent runs from; sources no enabled metric needs are left out."""
+        runtime_on = self.cri_socket.lower() != "none"
         metrics = [
             spec
             for spec in catalogue.select(self.disable, self.metrics_exclude, compat=self.compat == "numainfo")
-            if spec.name != INFO_METRIC or (self.cri_socket.lower() != "none" and self.enrich_mode == "info")
+            if spec.name != INFO_METRIC or (runtime_on and self.enrich_mode == "info")
         ]
         names = {spec.name for spec in metrics}
         sources = catalogue.sources_of(metrics)
         checkpoints = sources & {Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER}
         socket = self.podresources_socket_path
         per_container = any(spec.group in PER_CONTAINER_GROUPS for spec in metrics)
-        enrich = self.cri_socket.lower() != "none" and (
-            INFO_METRIC in names or (self.enrich_mode == "attributes" and per_container)
-        )
+        # info mode needs the runtime for numa.container.info, attributes mode for any per-container series
+        enrich = runtime_on and (INFO_METRIC in names or (self.enrich_mode == "attributes" and per_container))
         return AgentOptions(
             node_name=self.node_name,
             interval_s=self.interval,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,13 @@ def hwloc_root(tmp_path: Path) -> Callable[[str], tuple[Path, Path]]:
         return top / "sys", top / "proc"
 
     return extract
+
+
+@pytest.fixture
+def quiet_logging() -> Iterator[None]:
+    """The command line sets up the root logger: put it back for the tests that follow."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -7,10 +7,8 @@ values, which keep their last good value; parts that are not asked for are never
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +23,6 @@ from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
 
 NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
-
-
-@pytest.fixture
-def quiet_logging() -> Iterator[None]:
-    """The command line sets up the root logger: put it back for the tests that follow."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def once(top: Path) -> Exposition:

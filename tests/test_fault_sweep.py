@@ -18,9 +18,8 @@ code. Files are sampled deterministically: every kind of file the agent reads (`
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,16 +246,6 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
         )
     )
     return found
-
-
-@pytest.fixture
-def quiet_logging() -> Iterator[None]:
-    """The command line sets up the root logger: put it back for the tests that follow."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from otel_numa.model import Allocation
+from otel_numa.options import EnrichMode
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
 
@@ -30,7 +31,6 @@ LABEL_PREFIX, ANNOTATION_PREFIX, ENV_PREFIX = "label_", "annotation_", "env_"
 _NOT_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_]")
 
 ContainerKey = tuple[str, str]  # (pod uid, container name)
-EnrichMode = Literal["info", "attributes"]
 
 
 @dataclass(frozen=True, slots=True)
