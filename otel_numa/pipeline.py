@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import math
 import os
@@ -30,12 +29,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from otel_numa import __version__
+from otel_numa.heap import freeze_long_lived_objects, release_free_memory
 from otel_numa.instruments import register_instruments
 from otel_numa.options import AgentOptions, ExportOptions
 from otel_numa.sdk_private import (
     FAST_PATHS,
     DepartedSeriesJanitor,
     install_family_rendering,
+    reuse_otlp_requests,
     speed_up_prometheus_reader,
 )
 from otel_numa.snapshot import SnapshotStore
@@ -70,24 +71,10 @@ class PinningRegistry(CollectorRegistry):
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
-        FAST_PATHS.new_collection()
         with self._store.pinned():
             families = list(super().collect())
         freeze_long_lived_objects()
         yield from families
-
-
-_frozen = threading.Event()
-
-
-def freeze_long_lived_objects() -> None:
-    """After the first whole collection, move what exists then (imports, the SDK's per-series state, the
-    instruments' cached observations) out of the cyclic collector's reach: later collections then only
-    scan what they create, which is what made garbage collection cost microseconds per series."""
-    if not _frozen.is_set():
-        _frozen.set()
-        gc.collect()
-        gc.freeze()
 
 
 @dataclass
@@ -114,11 +101,11 @@ class Pipeline:
         """Export one collection to every push exporter."""
         if not self.pushes or self.store is None:
             return
-        FAST_PATHS.new_collection()
         with self.store.pinned():
             for push in self.pushes:
                 push(timeout_s * 1000)
         freeze_long_lived_objects()
+        release_free_memory()  # once per push interval: what the encoding left behind
 
     def shutdown(self, timeout_s: float) -> None:
         self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
@@ -197,11 +184,13 @@ def _otlp_exporter(export: ExportOptions) -> MetricExporter:
     if export.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
+        reuse_otlp_requests(export.otlp_protocol)
         return GrpcExporter(endpoint=url, insecure=url.startswith("http://"), timeout=export.otlp_timeout_s)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
     from otel_numa.otlp_http import otlp_http_session
 
+    reuse_otlp_requests(export.otlp_protocol)
     # the collector CA of OTEL_EXPORTER_OTLP_(METRICS_)CERTIFICATE must win over REQUESTS_CA_BUNDLE
     return HttpExporter(endpoint=url, timeout=export.otlp_timeout_s, session=otlp_http_session())
 

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +123,12 @@ class DepartedSeriesJanitor:
 # Cheaper per-series paths ---------------------------------------------------------------------------
 #
 # The instruments hand the SDK the same attribute dict objects for a series from one collection to the
-# next (otel_numa.instruments.base). The SDK and the two Prometheus libraries redo per-series work that
-# depends only on those attributes on every collection; these memoised stand-ins do it once per dict (or
-# per label name). Each wraps the original function, so results are the library's own; each is installed
-# only when the module attribute it replaces has the expected shape (tests/test_sdk_private.py).
+# next (otel_numa.instruments.base), flat dicts of string keys and string or integer values. The SDK
+# copies and re-checks them and builds a nested key per series on every collection, and the Prometheus
+# libraries sanitise the same label names again and again; these stand-ins skip the work that cannot
+# change anything for such attributes and remember label names. Each wraps the original function and
+# hands anything else to it; each is installed only when the module attribute it replaces has the
+# expected shape (tests/test_sdk_private.py).
 
 _MEASUREMENT_MODULE = "opentelemetry.sdk.metrics._internal.measurement"
 _MATCH_MODULE = "opentelemetry.sdk.metrics._internal._view_instrument_match"
@@ -131,67 +136,70 @@ _PROMETHEUS_EXPORTER_MODULE = "opentelemetry.exporter.prometheus"
 _OPENMETRICS_MODULE = "prometheus_client.openmetrics.exposition"
 
 
-class _CleanedAttributes:
-    """``_clean_attribute_value`` remembered per attribute dict object, for the dicts seen in this or the
-    previous collection (each entry holds its dict, so an id cannot be reused while it is remembered)."""
+class _FlatAttributesKept:
+    """``_clean_attribute_value`` for a Measurement's attributes: a flat dict of non-empty string keys and
+    string/integer values, which the SDK's cleaning would only copy, is passed on as it is (the agent never
+    changes an attribute dict it has handed over); anything else is cleaned by the SDK."""
 
     def __init__(self, clean: Callable[..., Any]) -> None:
         self._clean = clean
-        self._current: dict[int, tuple[object, Any]] = {}
-        self._previous: dict[int, tuple[object, Any]] = {}
 
     def __call__(self, value: Any, max_length: int | None) -> Any:
-        if max_length is not None or not isinstance(value, dict):
-            return self._clean(value, max_length)
-        key = id(value)
-        entry = self._current.get(key)
-        if entry is None or entry[0] is not value:
-            entry = self._previous.get(key)
-            if entry is None or entry[0] is not value:
-                cleaned = self._clean(value, None)
-                # nothing to clean (the agent's own dicts): the dict itself, not a copy, per series
-                entry = (value, value if cleaned == value else cleaned)
-            self._current[key] = entry
-        return entry[1]
-
-    def new_collection(self) -> None:
-        self._previous, self._current = self._current, {}
+        if (
+            max_length is None
+            and type(value) is dict
+            and "" not in value
+            and _KEY_TYPES.issuperset(map(type, value))
+            and _FLAT_TYPES.issuperset(map(type, value.values()))
+        ):
+            return value
+        return self._clean(value, max_length)
 
 
-class _HashedAttributes:
-    """The SDK's attribute-set key, remembered by the attributes' items (cheap to form for the flat
-    string/number attributes the agent uses; anything unhashable takes the SDK's own path)."""
+class _CompactAttributeKeys:
+    """The SDK's attribute-set key, in a smaller form for flat string/integer attributes (the agent's):
+    the sorted keys, one tuple shared by every series with those keys, and the values in that order.
+    Equal attribute sets give equal keys whatever their dict order; anything else (floats, booleans,
+    sequences) takes the SDK's own form, which is shaped differently, so the two never collide. Each
+    series' key, held by the SDK for its life, is then two tuples instead of one tuple per attribute."""
 
     def __init__(self, hash_attributes: Callable[[Any], Any]) -> None:
         self._hash = hash_attributes
-        self._known: dict[tuple[Any, ...], Any] = {}
-        self._previous: dict[tuple[Any, ...], Any] = {}
+        self._layouts: dict[tuple[str, ...], tuple[tuple[str, ...], Callable[[Any], Any]]] = {}
 
     def __call__(self, attributes: Any) -> Any:
-        if not isinstance(attributes, dict):
+        if type(attributes) is not dict or not attributes:
             return self._hash(attributes)
-        try:
-            items = tuple(attributes.items())
-            found = self._known.get(items)
-        except TypeError:  # an unhashable value (a list): no memo
+        layout = self._layouts.get(tuple(attributes))
+        if layout is None:
+            layout = self._layout(tuple(attributes))
+            if layout is None:
+                return self._hash(attributes)
+        sorted_keys, values_of = layout
+        values = values_of(attributes)
+        if not _FLAT_TYPES.issuperset(map(type, values)):
             return self._hash(attributes)
-        if found is None:
-            found = self._previous.get(items)
-            if found is None:
-                found = self._hash(attributes)
-            self._known[items] = found
-        return found
+        return (sorted_keys, values)
 
-    def new_collection(self) -> None:
-        self._previous, self._known = self._known, {}
+    def _layout(self, keys: tuple[Any, ...]) -> tuple[tuple[str, ...], Callable[[Any], Any]] | None:
+        if not all(type(key) is str for key in keys) or len(self._layouts) >= 4096:
+            return None
+        sorted_keys = tuple(sorted(keys))
+        getter = operator.itemgetter(*sorted_keys)
+        values_of = getter if len(keys) > 1 else (lambda attributes: (getter(attributes),))
+        self._layouts[keys] = (sorted_keys, values_of)
+        return sorted_keys, values_of
+
+
+_FLAT_TYPES = frozenset({str, int})  # exactly these types: bool and float compare equal to ints
+_KEY_TYPES = frozenset({str})
 
 
 class FastPaths:
-    """The memoised stand-ins, installed once per process; :meth:`new_collection` ages their memory."""
+    """The cheaper stand-ins, installed once per process."""
 
     def __init__(self) -> None:
         self.installed: list[str] = []
-        self._rotating: list[_CleanedAttributes | _HashedAttributes] = []
 
     def install(self) -> None:
         if self.installed:
@@ -202,9 +210,8 @@ class FastPaths:
         match = importlib.import_module(_MATCH_MODULE)
         exporter = importlib.import_module(_PROMETHEUS_EXPORTER_MODULE)
         openmetrics = importlib.import_module(_OPENMETRICS_MODULE)
-        cleaned = self._replace(measurement, "_clean_attribute_value", _CleanedAttributes)
-        hashed = self._replace(match, "_hash_attributes", _HashedAttributes)
-        self._rotating = [memo for memo in (cleaned, hashed) if memo is not None]
+        self._replace(measurement, "_clean_attribute_value", _FlatAttributesKept)
+        self._replace(match, "_hash_attributes", _CompactAttributeKeys)
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
 
@@ -217,10 +224,6 @@ class FastPaths:
         setattr(module, name, replacement)
         self.installed.append(f"{module.__name__}.{name}")
         return replacement
-
-    def new_collection(self) -> None:
-        for memo in self._rotating:
-            memo.new_collection()
 
 
 FAST_PATHS = FastPaths()
@@ -333,14 +336,25 @@ class _OneFamily:
         return [self._family]
 
 
+@dataclass
+class _RenderedFamily:
+    family: Any
+    text: bytes
+    # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
+    # lines are not one plain "<series> <value>" line per sample
+    value_starts: array[int] | None
+
+
 class RenderedFamilies:
-    """A stand-in for prometheus_client's text and OpenMetrics encoders that renders, for registries that
-    ask for it, each family it has not rendered in the previous scrape, and reuses the text of the rest."""
+    """A stand-in for prometheus_client's text and OpenMetrics encoders that, for registries that ask for
+    it, reuses the previous scrape's text of a family that is the same object, writes only the new values
+    into it for a family with the same series, and renders the rest through the library."""
 
     def __init__(self, text_encoder: Callable[..., bytes], openmetrics_encoder: Callable[..., bytes]) -> None:
         self.text_encoder = text_encoder
         self.openmetrics_encoder = openmetrics_encoder
-        self._last: dict[tuple[object, ...], dict[int, tuple[object, bytes]]] = {}
+        self._form: tuple[object, ...] = ()
+        self._last: dict[str, _RenderedFamily] = {}  # by family name, for the last form asked for
 
     def text(self, registry: Any, **options: str) -> bytes:
         if not getattr(registry, "renders_by_family", False):
@@ -360,16 +374,84 @@ class RenderedFamilies:
     def _render(
         self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
     ) -> bytes:
-        last = self._last.get(form, {})
-        now: dict[int, tuple[object, bytes]] = {}
+        # one form kept: a Prometheus server asks for the same one every time
+        last = self._last if form == self._form else {}
+        now: dict[str, _RenderedFamily] = {}
         parts: list[bytes] = []
         for family in registry.collect():
-            known = last.get(id(family))
-            text = known[1] if known is not None and known[0] is family else render(_OneFamily(family))
-            now[id(family)] = (family, text)
-            parts.append(text)
-        self._last[form] = now
+            known = last.get(family.name)
+            if known is not None and known.family is family:
+                rendered = known
+            elif known is not None and known.value_starts is not None and _same_series(known.family, family):
+                rendered = _with_new_values(known, family)
+            else:
+                text = render(_OneFamily(family))
+                rendered = _RenderedFamily(family, text, _value_starts(text, family))
+            now[family.name] = rendered
+            parts.append(rendered.text)
+        self._form, self._last = form, now
         return b"".join(parts)
+
+
+def _plain(sample: Any) -> bool:
+    return (
+        sample.value is not None
+        and sample.timestamp is None
+        and sample.exemplar is None
+        and getattr(sample, "native_histogram", None) is None
+    )
+
+
+def _value_starts(text: bytes, family: Any) -> array[int] | None:
+    """Where each sample's value starts, when every sample is one plain line after the comment lines."""
+    if not all(_plain(sample) for sample in family.samples):
+        return None
+    lines = text.split(b"\n")
+    if lines[-1]:  # not one line each
+        return None
+    starts = array("q")
+    offset = 0
+    for line in lines[:-1]:
+        if not line.startswith(b"#"):
+            space = line.rfind(b" ")
+            if space < 0:
+                return None
+            starts.append(offset + space + 1)
+        offset += len(line) + 1
+    return starts if len(starts) == len(family.samples) else None
+
+
+def _same_series(before: Any, now: Any) -> bool:
+    return (
+        before.type == now.type
+        and before.documentation == now.documentation
+        and before.unit == now.unit
+        and len(before.samples) == len(now.samples)
+        and all(
+            a.name == b.name and a.labels == b.labels and _plain(b)
+            for a, b in zip(before.samples, now.samples, strict=True)
+        )
+    )
+
+
+def _with_new_values(known: _RenderedFamily, family: Any) -> _RenderedFamily:
+    """The family's text with each sample's value replaced (prometheus_client's own number format)."""
+    text = known.text
+    parts: list[bytes] = []
+    starts = array("q")
+    written = 0  # length of the new text so far
+    copied_to = 0  # how far the old text has been copied
+    for start, sample in zip(known.value_starts or (), family.samples, strict=True):
+        end = text.index(b"\n", start)
+        head = text[copied_to:start]
+        value = floatToGoString(sample.value).encode()  # type: ignore[no-untyped-call]
+        parts += (head, value)
+        written += len(head)
+        starts.append(written)
+        written += len(value)
+        copied_to = end
+    parts.append(text[copied_to:])
+    return _RenderedFamily(family, b"".join(parts), starts)
 
 
 def speed_up_prometheus_reader(reader: Any) -> bool:
@@ -405,3 +487,118 @@ def install_family_rendering() -> RenderedFamilies | None:
     setattr(exposition, "generate_latest", rendered.text)  # noqa: B010  (a module global, replaced)
     setattr(openmetrics, "generate_latest", rendered.openmetrics)  # noqa: B010
     return rendered
+
+
+# OTLP pushes: the previous request, with the new values written in -----------------------------------
+#
+# The OTLP exporters encode every data point again on every push: its attributes into protobuf KeyValues,
+# which is most of a push's cost. Between two pushes a node's series are nearly always the same (the SDK
+# hands the same attribute dict per series); only values and times move. So the request of the previous
+# push is kept, and while a collection has the same resources, scopes, metrics and series in the same
+# order, the new values and times are written into it. Anything else is encoded by the exporter's own
+# ``encode_metrics``, whose request becomes the one kept.
+
+_OTLP_EXPORTER_MODULES = {
+    "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+}
+
+
+class _ReusedRequests:
+    """Wraps an OTLP exporter module's ``encode_metrics``."""
+
+    def __init__(self, encode: Callable[[Any], Any]) -> None:
+        self._encode = encode
+        self._lock = threading.Lock()
+        self._request: Any = None
+        self._layout: list[object] = []  # held, so that the ids compared below cannot be reused
+
+    def __call__(self, data: Any) -> Any:
+        from opentelemetry.sdk.metrics.export import Gauge, Sum
+
+        layout: list[object] = []
+        points: list[Any] = []
+        for resource_metrics in data.resource_metrics:
+            layout.append(resource_metrics.resource)
+            for scope_metrics in resource_metrics.scope_metrics:
+                layout.append(scope_metrics.scope)
+                for metric in scope_metrics.metrics:
+                    sums = metric.data
+                    if not isinstance(sums, Sum | Gauge):  # histograms: the exporter's own path
+                        return self._encode(data)
+                    layout.append(
+                        (
+                            metric.name,
+                            metric.description,
+                            metric.unit,
+                            type(sums),
+                            getattr(sums, "aggregation_temporality", None),
+                            getattr(sums, "is_monotonic", None),
+                            len(sums.data_points),
+                        )
+                    )
+                    for point in sums.data_points:
+                        if point.exemplars:
+                            return self._encode(data)
+                        layout.append(point.attributes)
+                        points.append(point)
+        with self._lock:
+            if self._request is not None and _same_layout(layout, self._layout):
+                _write_values(self._request, points)
+                return self._request
+            request = self._encode(data)
+            self._request, self._layout = None, []
+            # kept only when it has one encoded point per data point, in the same order
+            if _point_count(request) == len(points):
+                # a parsed copy: the encoder's request, built message by message, takes ~7x the memory
+                self._request, self._layout = type(request).FromString(request.SerializeToString()), layout
+            return request
+
+
+def _same_layout(now: list[object], before: list[object]) -> bool:
+    # resources, scopes and attribute dicts by identity; the metrics' descriptions (tuples) by value
+    return len(now) == len(before) and all(
+        a is b or (type(a) is tuple and a == b) for a, b in zip(now, before, strict=True)
+    )
+
+
+def _point_count(request: Any) -> int:
+    return sum(
+        len(metric.sum.data_points) + len(metric.gauge.data_points)
+        for resource_metrics in request.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+    )
+
+
+def _write_values(request: Any, points: list[Any]) -> None:
+    sdk_points = iter(points)
+    for resource_metrics in request.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                is_sum = metric.WhichOneof("data") == "sum"
+                for encoded in metric.sum.data_points if is_sum else metric.gauge.data_points:
+                    point = next(sdk_points)
+                    encoded.time_unix_nano = point.time_unix_nano
+                    if is_sum:
+                        encoded.start_time_unix_nano = point.start_time_unix_nano
+                    if isinstance(point.value, int):
+                        encoded.as_int = point.value
+                    else:
+                        encoded.as_double = point.value
+
+
+def reuse_otlp_requests(protocol: str) -> bool:
+    """Have the OTLP exporter of ``protocol`` (already imported) reuse its previous request; False when its
+    module's shape differs."""
+    import sys
+
+    module = sys.modules.get(_OTLP_EXPORTER_MODULES.get(protocol, ""))
+    encode = getattr(module, "encode_metrics", None)
+    if isinstance(encode, _ReusedRequests):
+        return True
+    if module is None or not callable(encode):
+        log.warning("cannot reuse OTLP requests with this exporter version")
+        return False
+    setattr(module, "encode_metrics", _ReusedRequests(encode))  # noqa: B010  (a module global, replaced)
+    return True

@@ -9,7 +9,9 @@ import tomllib
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
+import pytest
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -153,3 +155,148 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
         pages.append(fast_page)
     assert pages[0] == pages[1] != pages[2] != pages[3]  # the same, new values, other series
     provider.shutdown()
+
+
+def test_compact_keys_keep_the_sdks_series_apart_and_together() -> None:
+    """With the SDK's attribute key replaced: the same attributes in another dict order are one series;
+    values the SDK tells apart by type (1, 1.0, True, "1") and nested values stay separate series; a key
+    the SDK's cleaning drops is still dropped."""
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    observed = [
+        Observation(1, {"a": "x", "b": 2}),
+        Observation(2, {"b": 2, "a": "x"}),  # the same series: the later value wins
+        Observation(3, {"a": 1}),
+        Observation(4, {"a": 1.0}),
+        Observation(5, {"a": True}),
+        Observation(6, {"a": "1"}),
+        Observation(7, {"a": ("x", "y")}),
+        Observation(8, {"": "dropped", "c": "kept"}),
+    ]
+    provider.get_meter("guard").create_observable_gauge("g", callbacks=[lambda _options: observed])
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    got = sorted(
+        (getattr(point, "value", None), sorted((k, repr(v)) for k, v in (point.attributes or {}).items()))
+        for point in points
+    )
+    assert got == [
+        (2, [("a", "'x'"), ("b", "2")]),
+        (3, [("a", "1")]),
+        (4, [("a", "1.0")]),
+        (5, [("a", "True")]),
+        (6, [("a", "'1'")]),
+        (7, [("a", "('x', 'y')")]),
+        (8, [("c", "'kept'")]),
+    ]
+    provider.shutdown()
+
+
+def test_reused_otlp_requests_equal_the_exporters_own_encoding(tmp_path: Path) -> None:
+    """The agent's instruments on a node whose values change and whose pods come and go: every request
+    the exporters' ``encode_metrics`` hands out equals the encoder's own, and a push whose series are those
+    of the previous push reuses its request."""
+    import sys
+
+    from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+
+    from otel_numa.agent import Agent
+    from otel_numa.catalogue import METRICS
+    from otel_numa.instruments import register_instruments
+    from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
+    from otel_numa.settings import Settings
+    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+
+    modules = {
+        "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
+        "http/protobuf": "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    }
+    for name in modules.values():
+        __import__(name)
+    assert all(reuse_otlp_requests(protocol) for protocol in modules)
+    FAST_PATHS.install()
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path / "node", spec)
+    agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    names = [spec.name for spec in METRICS if spec.group.value != "compat"]
+    register_instruments(provider.get_meter("t"), agent.store, names, "n")
+    encode = sys.modules[modules["grpc"]].encode_metrics
+    requests = []
+    for generation in range(5):
+        if generation in (2, 3):
+            node.write_cgroup_usage(generation)  # new values for the same series
+        if generation == 4:
+            shutil.rmtree(next((node.root / "pod-logs").iterdir()))  # a pod is gone: fewer series
+        agent.refresh_background()
+        with agent.store.pinned():
+            data = reader.get_metrics_data()
+        assert data is not None
+        request = encode(data)
+        assert request == encode_metrics(data), generation
+        assert b"numa.container.memory.usage" in request.SerializeToString()
+        requests.append((request, request.SerializeToString()))
+    reused = requests[1][0]  # a copy of the first push's request, reused while the series are the same
+    assert reused is not requests[0][0] and requests[2][0] is reused and requests[3][0] is reused
+    assert requests[2][1] != requests[3][1]  # with the new values written in
+    assert requests[4][0] is not reused  # other series: encoded anew
+    provider.shutdown()
+
+
+def test_pages_with_new_values_written_in_are_the_libraries_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page of a node whose per-container values change every round, and then loses a pod, is byte
+    for byte what prometheus_client writes, in both formats: families with the same series get their new
+    values written into the previous text, families with other series are rendered again."""
+    import prometheus_client.exposition as exposition
+    import prometheus_client.openmetrics.exposition as openmetrics
+
+    from otel_numa import sdk_private
+    from otel_numa.agent import Agent
+    from otel_numa.pipeline import build_pipeline
+    from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
+    from otel_numa.settings import Settings
+    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+
+    written_in: list[str] = []
+
+    def with_new_values(known: Any, family: Any) -> Any:
+        written_in.append(family.name)
+        return write_values(known, family)
+
+    write_values = sdk_private._with_new_values
+    monkeypatch.setattr(sdk_private, "_with_new_values", with_new_values)
+    rendered = install_family_rendering()
+    assert isinstance(rendered, RenderedFamilies)
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    for encode, original in (
+        (openmetrics.generate_latest, rendered.openmetrics_encoder),
+        (exposition.generate_latest, rendered.text_encoder),
+    ):
+        node = write_large_node(tmp_path / original.__module__, spec)
+        # no health series: their ages move between the two collections compared
+        values = {**node.settings_values(), "disable": "health"}
+        agent = Agent(Settings(**values).to_options())  # type: ignore[arg-type]
+        pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+        assert pipeline.registry is not None
+        pages: list[bytes] = []
+        written_in.clear()
+        for generation in range(5):
+            if generation in (2, 3):
+                node.write_cgroup_usage(generation)
+            if generation == 4:
+                shutil.rmtree(next((node.root / "pod-logs").iterdir()))
+            agent.refresh_background()
+            page = encode(pipeline.registry)
+            assert page == original(pipeline.registry), generation
+            assert b"numa_container_memory_usage_bytes{" in page
+            pages.append(page)
+        assert pages[1] != pages[2] != pages[3] != pages[4]
+        assert "numa_container_memory_usage_bytes" in written_in
+        pipeline.shutdown(timeout_s=1)

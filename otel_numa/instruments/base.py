@@ -37,6 +37,7 @@ class Instruments:
         cache: tuple[object, list[Observation]] = (no_part, [])
 
         previous_series: dict[tuple[object, ...], Attributes] = {}
+        key_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}  # one per attribute layout, shared
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
             nonlocal cache, previous_series
@@ -52,7 +53,10 @@ class Instruments:
                     if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
                         continue
                     # the same dict object for a series as long as it exists, whatever its value
-                    identity = tuple(attributes.items()) if attributes else ()
+                    identity: tuple[object, ...] = ()
+                    if attributes:
+                        keys = tuple(attributes)
+                        identity = (key_tuples.setdefault(keys, keys), tuple(attributes.values()))
                     stable = previous_series.get(identity, attributes)
                     series[identity] = stable
                     observations.append(Observation(value, stable))
