@@ -7,19 +7,27 @@ watched through ``os.stat``, which follows the links to whatever they point at n
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import ssl
 import sys
 import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+from prometheus_client.exposition import gzip_accepted
 
 from otel_numa.options import TlsOptions
 
 log = logging.getLogger(__name__)
+
+# Prometheus always asks for gzip. prometheus_client compresses at level 9, which on a 3 MB page (8 NUMA
+# nodes, 1,000 containers) takes 48 ms; level 3 takes 6 ms for a page 40% larger (95 instead of 66 KiB),
+# and the same 0.8 ms as level 1 on a 2-node page: a node agent's CPU is the scarcer resource.
+GZIP_LEVEL = 3
 
 # Kubernetes takes up to a minute to propagate a renewed secret; a second more is nothing, and each check
 # is three stat calls.
@@ -137,6 +145,33 @@ class CertificateReloader:
         return True
 
 
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def compressing(app: WsgiApp, level: int = GZIP_LEVEL) -> WsgiApp:
+    """``app`` (prometheus_client's, made without compression) with its metrics pages gzip-compressed at
+    ``level`` for clients that accept gzip, as prometheus_client itself would at level 9."""
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        is_page = environ.get("REQUEST_METHOD") == "GET" and environ.get("PATH_INFO") != "/favicon.ico"
+        if not is_page or not gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            return app(environ, start_response)
+        answer: list[Any] = []
+
+        def keep(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], None]:
+            answer[:] = [status, headers]
+            return lambda _data: None
+
+        body = gzip.compress(b"".join(app(environ, keep)), compresslevel=level)
+        status, headers = answer
+        start_response(status, [*headers, ("Content-Encoding", "gzip")])
+        return [body]
+
+    return serve
+
+
 class MetricsServer:
     """prometheus_client's HTTP server on ``host:port``; over TLS when ``tls`` is given."""
 
@@ -150,8 +185,10 @@ class MetricsServer:
     ) -> None:
         self._reloader = CertificateReloader(tls) if tls is not None else None
         self._stopped = threading.Event()
+        page = compressing(make_wsgi_app(registry, disable_compression=True))
         if tls is None:
             self._httpd, _ = start_http_server(port, addr=host, registry=registry)
+            self._httpd.set_app(page)
             self._watcher: threading.Thread | None = None
             return
         self._httpd, _ = start_http_server(
@@ -163,6 +200,7 @@ class MetricsServer:
             client_cafile=str(tls.client_ca_file) if tls.client_ca_file else None,
             client_auth_required=tls.client_ca_file is not None,
         )
+        self._httpd.set_app(page)
         listening: Any = self._httpd.socket
         # Each handshake starts on the listening context (which fixes whether a client certificate is
         # required) and switches to the latest good context, so rotated files take effect at once.

@@ -4,6 +4,7 @@ read-only, and the small formats several of them share (CPU lists and masks, sta
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ def read_value_text(path: str | Path) -> str:
     return text[:-1]
 
 
+# Remembered by text: the containers of a node share a handful of CPU lists (the shared pool, one per
+# exclusive allocation), so each round parses each once and every container holds the same set.
+@functools.lru_cache(maxsize=1024)
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse the kernel's list format, e.g. ``0-3,8,10-11`` (an empty string is the empty set)."""
     cpus: set[int] = set()
