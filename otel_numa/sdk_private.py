@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import sys
 import threading
 from array import array
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import Gauge, Sum
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
@@ -514,8 +516,6 @@ class _ReusedRequests:
         self._layout: list[object] = []  # held, so that the ids compared below cannot be reused
 
     def __call__(self, data: Any) -> Any:
-        from opentelemetry.sdk.metrics.export import Gauge, Sum
-
         layout: list[object] = []
         points: list[Any] = []
         for resource_metrics in data.resource_metrics:
@@ -591,8 +591,6 @@ def _write_values(request: Any, points: list[Any]) -> None:
 def reuse_otlp_requests(protocol: str) -> bool:
     """Have the OTLP exporter of ``protocol`` (already imported) reuse its previous request; False when its
     module's shape differs."""
-    import sys
-
     module = sys.modules.get(_OTLP_EXPORTER_MODULES.get(protocol, ""))
     encode = getattr(module, "encode_metrics", None)
     if isinstance(encode, _ReusedRequests):

@@ -117,9 +117,10 @@ def read_value_text(path: str | Path) -> str:
     return text[:-1]
 
 
-# Remembered by text: the containers of a node share a handful of CPU lists (the shared pool, one per
-# exclusive allocation), so each round parses each once and every container holds the same set.
-@functools.lru_cache(maxsize=1024)
+# Remembered by text: the containers of a node share a few CPU lists (above all the shared pool), so a
+# round parses each once and every container holds the same set. Few entries: on a 1,024-CPU machine a
+# shared pool's set is ~40 KB, and each exclusive allocation changes the shared pool's text.
+@functools.lru_cache(maxsize=64)
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse the kernel's list format, e.g. ``0-3,8,10-11`` (an empty string is the empty set)."""
     cpus: set[int] = set()
