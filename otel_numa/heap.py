@@ -4,7 +4,6 @@ cheaply."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import threading
 from collections.abc import Callable
@@ -24,12 +23,11 @@ def freeze_long_lived_objects() -> None:
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
+        process = ctypes.CDLL(None)  # the symbols already loaded, the C library's among them
     except OSError:
         return None
-    return getattr(libc, "malloc_trim", None)  # glibc only
+    return getattr(process, "malloc_trim", None)  # glibc only
 
 
 _TRIM = _malloc_trim()

@@ -34,7 +34,7 @@ import operator
 import sys
 import threading
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +134,7 @@ class DepartedSeriesJanitor:
 
 _MEASUREMENT_MODULE = "opentelemetry.sdk.metrics._internal.measurement"
 _MATCH_MODULE = "opentelemetry.sdk.metrics._internal._view_instrument_match"
+_INSTRUMENT_MODULE = "opentelemetry.sdk.metrics._internal.instrument"
 _PROMETHEUS_EXPORTER_MODULE = "opentelemetry.exporter.prometheus"
 _OPENMETRICS_MODULE = "prometheus_client.openmetrics.exposition"
 
@@ -197,6 +198,52 @@ _FLAT_TYPES = frozenset({str, int})  # exactly these types: bool and float compa
 _KEY_TYPES = frozenset({str})
 
 
+class _ReusedMeasurements:
+    """Stands in for ``_Asynchronous.callback``, the SDK's loop that turns an observable instrument's
+    observations into Measurements: while the instrument's callback hands back the very same list of
+    observations (the agent's instruments do while their inputs are unchanged, and never change a list they
+    handed over), the Measurements made from it last time are handed on again. A Measurement's time and
+    context serve only exemplars, which the agent switches off; the rest is the observation's. Anything
+    else goes through the SDK's own loop."""
+
+    def __init__(self, callback: Callable[..., Iterable[Any]]) -> None:
+        self._callback = callback
+        self._made: dict[object, tuple[object, list[Any]]] = {}  # instrument -> (observations, measurements)
+
+    def __get__(self, instrument: Any, owner: type | None = None) -> Any:
+        return self if instrument is None else functools.partial(self.__call__, instrument)
+
+    def __call__(self, instrument: Any, callback_options: Any) -> Iterable[Any]:
+        callbacks = instrument._callbacks
+        if len(callbacks) != 1 or not instrument._is_enabled():
+            return self._callback(instrument, callback_options)
+        (callback,) = callbacks
+        try:
+            observations = callback(callback_options)
+        except Exception as error:  # handed to the SDK's loop, which logs it as it always does
+            observations = _Raising(error)
+        made = self._made.get(instrument)
+        if made is not None and made[0] is observations:
+            return made[1]
+        # the SDK's loop over these observations; collections run one at a time (the SDK's consumer lock)
+        instrument._callbacks = [lambda _options: observations]
+        try:
+            measurements = list(self._callback(instrument, callback_options))
+        finally:
+            instrument._callbacks = callbacks
+        if isinstance(observations, list):
+            self._made[instrument] = (observations, measurements)
+        return measurements
+
+
+class _Raising:
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __iter__(self) -> Any:
+        raise self._error
+
+
 class FastPaths:
     """The cheaper stand-ins, installed once per process."""
 
@@ -214,17 +261,20 @@ class FastPaths:
         openmetrics = importlib.import_module(_OPENMETRICS_MODULE)
         self._replace(measurement, "_clean_attribute_value", _FlatAttributesKept)
         self._replace(match, "_hash_attributes", _CompactAttributeKeys)
+        instrument = importlib.import_module(_INSTRUMENT_MODULE)
+        self._replace(instrument._Asynchronous, "callback", _ReusedMeasurements)
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
 
     def _replace(self, module: Any, name: str, wrap: Callable[[Any], Any]) -> Any:
+        owner = f"{module.__module__}.{module.__qualname__}" if isinstance(module, type) else module.__name__
         original = getattr(module, name, None)
         if not callable(original) or getattr(original, "__module__", "").startswith("otel_numa"):
-            log.warning("cannot speed up %s.%s with this library version", module.__name__, name)
+            log.warning("cannot speed up %s.%s with this library version", owner, name)
             return None
         replacement = wrap(original)
         setattr(module, name, replacement)
-        self.installed.append(f"{module.__name__}.{name}")
+        self.installed.append(f"{owner}.{name}")
         return replacement
 
 

@@ -69,6 +69,7 @@ def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
     assert sorted(FAST_PATHS.installed) == [
         "opentelemetry.exporter.prometheus.sanitize_attribute",
         "opentelemetry.sdk.metrics._internal._view_instrument_match._hash_attributes",
+        "opentelemetry.sdk.metrics._internal.instrument._Asynchronous.callback",
         "opentelemetry.sdk.metrics._internal.measurement._clean_attribute_value",
         "prometheus_client.openmetrics.exposition.escape_label_name",
     ]
@@ -300,3 +301,64 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
         assert pages[1] != pages[2] != pages[3] != pages[4]
         assert "numa_container_memory_usage_bytes" in written_in
         pipeline.shutdown(timeout_s=1)
+
+
+def test_measurements_are_reused_only_for_the_same_list_of_observations(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An instrument whose callback hands back the same list gets the Measurements made from it last time;
+    a new list, a generator callback, non-finite values and a failing callback behave as the SDK has them."""
+    from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    reused = _Asynchronous.__dict__["callback"]
+    made: list[str] = []
+
+    def sdk_loop(instrument: Any, options: Any) -> Any:
+        made.append(instrument.name)
+        return original(instrument, options)
+
+    original = reused._callback
+    monkeypatch.setattr(reused, "_callback", sdk_loop)
+    kept = [Observation(1, {"a": "x"}), Observation(float("nan"), {"a": "nan"})]
+    current = {"list": kept}
+
+    def generator() -> Any:
+        while True:
+            yield [Observation(7, {"g": "y"})]
+
+    def failing(_options: Any) -> list[Observation]:
+        raise RuntimeError("broken callback")
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("guard")
+    meter.create_observable_gauge("kept", callbacks=[lambda _options: current["list"]])
+    meter.create_observable_gauge("generated", callbacks=[generator()])
+    meter.create_observable_gauge("failing", callbacks=[failing])
+
+    def values() -> dict[str, list[tuple[object, object]]]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        return {
+            metric.name: [
+                (getattr(point, "value", None), dict(point.attributes or {}))
+                for point in metric.data.data_points
+            ]
+            for metric in data.resource_metrics[0].scope_metrics[0].metrics
+        }
+
+    first = values()
+    assert first == {"kept": [(1, {"a": "x"})], "generated": [(7, {"g": "y"})]}
+    assert "Callback failed for instrument failing" in caplog.text
+    assert "non-finite value nan" in caplog.text
+    made.clear()
+    assert values() == first  # the same list: no new Measurements for "kept"
+    assert made == ["generated", "failing"]
+    current["list"] = [Observation(2, {"a": "x"})]
+    made.clear()
+    assert values()["kept"] == [(2, {"a": "x"})]
+    assert made == ["kept", "generated", "failing"]
+    provider.shutdown()

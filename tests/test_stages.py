@@ -133,7 +133,8 @@ def test_an_exception_in_one_instruments_callback_costs_only_its_series(
 ) -> None:
     from otel_numa.instruments import machine
 
-    monkeypatch.setitem(machine.OBSERVERS, "numa.memory.capacity", _boom)
+    _observe, part = machine.OBSERVERS["numa.memory.capacity"]
+    monkeypatch.setitem(machine.OBSERVERS, "numa.memory.capacity", (_boom, part))
     text = node.exposition()
     assert "numa_memory_capacity_bytes{" not in text
     assert "numa_cpu_capacity{" in text and "numa_cpu_allocated{" in text

@@ -111,21 +111,21 @@ class MachineCollector:
             return values
 
         with self._sysfs.timed():
-            memory = per_node(
+            memory: Mapping[int, NodeMemory] = per_node(
                 "memory",
                 memory_tracker,
                 lambda on_error: node_files.memory(on_node_error=on_error),
                 last.memory if last else None,
                 _merge_memory,
             )
-            hugepages = per_node(
+            hugepages: Mapping[int, tuple[HugepagePool, ...]] = per_node(
                 "hugepages",
                 self._sysfs,
                 lambda on_error: node_files.hugepages(on_node_error=on_error),
                 last.hugepages if last else None,
                 _merge_pools,
             )
-            numastat = per_node(
+            numastat: Mapping[int, Mapping[str, int]] = per_node(
                 "numastat",
                 self._sysfs,
                 lambda on_error: node_files.numastat(on_node_error=on_error),
@@ -134,7 +134,17 @@ class MachineCollector:
             )
         with self._procfs.timed():
             cpu_time = self._cpu_time(cpu_times, failed, last.cpu_time if last else None)
-        usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time)
+        if last is not None:
+            # the same objects for values that did not change: instruments then reuse their observations
+            memory = last.memory if memory == last.memory else memory
+            hugepages = last.hugepages if hugepages == last.hugepages else hugepages
+            numastat = last.numastat if numastat == last.numastat else numastat
+            cpu_time = last.cpu_time if cpu_time == last.cpu_time else cpu_time
+        parts = (memory, hugepages, numastat, cpu_time)
+        if last is not None and all(a is b for a, b in zip(parts, _parts_of(last), strict=True)):
+            usage = last
+        else:
+            usage = MachineUsage(topology, *parts)
         procfs_read = "cpu_time" in self._parts or ("memory" in self._parts and not topology.numa_enabled)
         for tracker in (self._sysfs, self._procfs) if procfs_read else (self._sysfs,):
             if tracker.name not in failed:
@@ -166,6 +176,10 @@ class MachineCollector:
             for node_id, modes in previous.items():
                 fresh.setdefault(node_id, modes)
         return fresh
+
+
+def _parts_of(usage: MachineUsage) -> tuple[object, ...]:
+    return (usage.memory, usage.hugepages, usage.numastat, usage.cpu_time)
 
 
 def _read(tracker: SourceTracker, reader: Callable[[], T], fallback: T, failed: set[str]) -> T:

@@ -23,9 +23,8 @@ def _container_usage(snapshot: Snapshot) -> object:
 def observers(node_name: str) -> Mapping[str, tuple[Observe, Part | None]]:
     """Every catalogue metric's callback body, by OTel name, with the snapshot part it depends on only
     (``None``: it changes with every collection)."""
-    found: dict[str, tuple[Observe, Part | None]] = {}
+    found: dict[str, tuple[Observe, Part | None]] = dict(machine.OBSERVERS)
     for bodies, part in (
-        (machine.OBSERVERS, None),  # CPU time and memory move with every read
         (allocation.OBSERVERS, _allocation),
         (enrichment.OBSERVERS, _allocation),
         (container_usage.OBSERVERS, _container_usage),

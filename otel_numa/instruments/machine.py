@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from otel_numa.accounting import hugepage_size_label
-from otel_numa.instruments.base import NUMA_ID, Observe, Point
+from otel_numa.instruments.base import NUMA_ID, Observe, Part, Point
 from otel_numa.snapshot import Snapshot
 
 KIB = 1024
@@ -86,14 +86,36 @@ def _numastat(snapshot: Snapshot) -> Iterator[Point]:
                     yield counters[kind], {NUMA_ID: node_id, "numa.numastat.type": kind}
 
 
-OBSERVERS: dict[str, Observe] = {
-    "numa.node.count": _node_count,
-    "numa.cpu.capacity": _cpu_capacity,
-    "numa.memory.capacity": _memory_capacity,
-    "numa.hugepages.capacity": _hugepages_capacity,
-    "numa.node.distance": _distances,
-    "numa.cpu.time": _cpu_time,
-    "numa.memory.usage": _memory_usage,
-    "numa.hugepages.free": _hp_free,
-    "numa.memory.page.allocations": _numastat,
+def _topology(snapshot: Snapshot) -> object:
+    return snapshot.machine and snapshot.machine.topology
+
+
+def _memory(snapshot: Snapshot) -> object:
+    return snapshot.machine and snapshot.machine.memory
+
+
+def _hugepages(snapshot: Snapshot) -> object:
+    return snapshot.machine and snapshot.machine.hugepages
+
+
+def _cpu_times(snapshot: Snapshot) -> object:
+    return snapshot.machine and snapshot.machine.cpu_time
+
+
+def _numastats(snapshot: Snapshot) -> object:
+    return snapshot.machine and snapshot.machine.numastat
+
+
+# each with the part of the machine it depends on only (the collector hands back the same object while its
+# values are the same)
+OBSERVERS: dict[str, tuple[Observe, Part]] = {
+    "numa.node.count": (_node_count, _topology),
+    "numa.cpu.capacity": (_cpu_capacity, _topology),
+    "numa.memory.capacity": (_memory_capacity, _memory),
+    "numa.hugepages.capacity": (_hugepages_capacity, _hugepages),
+    "numa.node.distance": (_distances, _topology),
+    "numa.cpu.time": (_cpu_time, _cpu_times),
+    "numa.memory.usage": (_memory_usage, _memory),
+    "numa.hugepages.free": (_hp_free, _hugepages),
+    "numa.memory.page.allocations": (_numastat, _numastats),
 }
