@@ -149,6 +149,25 @@ def test_a_bad_file_keeps_its_last_good_value_and_costs_nothing_else(tmp_path: P
     assert sysfs_errors(registry) == 5  # meminfo, free_hugepages and the cpulist
 
 
+def test_a_part_whose_values_are_the_same_is_the_same_object(tmp_path: Path) -> None:
+    """What lets the instruments reuse their observations: each per-node part of the machine is handed
+    back as the same object while its values are the same, and as a new one when a value changed."""
+    sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
+    collector = MachineCollector(sysfs_root, procfs_root, SourceRegistry())
+    first, second = collector.collect(), collector.collect()
+    assert first is not None and second is not None
+    assert second.memory is first.memory and second.hugepages is first.hugepages
+    assert second.numastat is first.numastat and second.cpu_time is first.cpu_time
+    write_file(
+        sysfs_root / "devices/system/node/node1/meminfo",
+        "Node 1 MemTotal: 4194304 kB\nNode 1 MemFree: 2097152 kB\n",
+    )
+    third = collector.collect()
+    assert third is not None and third.memory is not second.memory
+    assert third.memory[1].free_bytes == 2 << 30 and third.memory[0] == first.memory[0]
+    assert third.hugepages is first.hugepages and third.topology is first.topology
+
+
 def test_a_fresh_collector_without_good_data_reports_the_node_as_unknown(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
     write_file(sysfs_root / "devices/system/node/node1/cpulist", "\n4-7")  # cut short: no newline at the end

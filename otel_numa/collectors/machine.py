@@ -140,11 +140,7 @@ class MachineCollector:
             hugepages = last.hugepages if hugepages == last.hugepages else hugepages
             numastat = last.numastat if numastat == last.numastat else numastat
             cpu_time = last.cpu_time if cpu_time == last.cpu_time else cpu_time
-        parts = (memory, hugepages, numastat, cpu_time)
-        if last is not None and all(a is b for a, b in zip(parts, _parts_of(last), strict=True)):
-            usage = last
-        else:
-            usage = MachineUsage(topology, *parts)
+        usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time)
         procfs_read = "cpu_time" in self._parts or ("memory" in self._parts and not topology.numa_enabled)
         for tracker in (self._sysfs, self._procfs) if procfs_read else (self._sysfs,):
             if tracker.name not in failed:
@@ -176,10 +172,6 @@ class MachineCollector:
             for node_id, modes in previous.items():
                 fresh.setdefault(node_id, modes)
         return fresh
-
-
-def _parts_of(usage: MachineUsage) -> tuple[object, ...]:
-    return (usage.memory, usage.hugepages, usage.numastat, usage.cpu_time)
 
 
 def _read(tracker: SourceTracker, reader: Callable[[], T], fallback: T, failed: set[str]) -> T:
