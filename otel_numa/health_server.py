@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving, address_family
+
+
+class _PooledHTTPServer(PooledMixIn, HTTPServer):
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = address_family(host, port)
+        super().__init__((host, port), handler)
 
 
 class HealthServer:
@@ -12,6 +19,8 @@ class HealthServer:
         is_ready = ready
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def do_GET(self) -> None:
                 if self.path == "/healthz":
                     self._answer(200, b"ok\n")
@@ -33,17 +42,14 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:  # probes every few seconds: stay quiet
                 pass
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
+        self._serving = Serving(_PooledHTTPServer(host, port, Handler), "health-http")
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._serving.server.server_address[1])
 
     def start(self) -> None:
-        self._thread.start()
+        self._serving.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._serving.stop()

@@ -1,4 +1,5 @@
-"""The Prometheus page's server: prometheus_client's own, over TLS (optionally mTLS) when files are given.
+"""The Prometheus page's server: prometheus_client's WSGI app on wsgiref, over TLS (optionally mTLS) when
+files are given, run by :mod:`otel_numa.http_serving` (a pool of workers, no polling).
 
 The certificate, key and client CA are re-read when they change on disk, so a rotated certificate is served
 without a restart. Kubernetes updates a mounted secret by swapping a symlinked directory: the files are
@@ -16,10 +17,13 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import gzip_accepted
 
+from otel_numa.heap import release_free_memory
+from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving, address_family
 from otel_numa.options import TlsOptions
 
 log = logging.getLogger(__name__)
@@ -172,8 +176,26 @@ def compressing(app: WsgiApp, level: int = GZIP_LEVEL) -> WsgiApp:
     return serve
 
 
+class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # a line per scrape would drown the agent's log
+        pass
+
+
+class _PooledWSGIServer(PooledMixIn, WSGIServer):
+    def __init__(self, host: str, port: int) -> None:
+        self.address_family = address_family(host, port)
+        super().__init__((host, port), _QuietHandler)
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        # A page's text and its compressed copy are freed now; give their pages back (well under 1 ms).
+        release_free_memory()
+
+
 class MetricsServer:
-    """prometheus_client's HTTP server on ``host:port``; over TLS when ``tls`` is given."""
+    """The page on ``host:port``; over TLS when ``tls`` is given."""
 
     def __init__(
         self,
@@ -185,33 +207,25 @@ class MetricsServer:
     ) -> None:
         self._reloader = CertificateReloader(tls) if tls is not None else None
         self._stopped = threading.Event()
-        page = compressing(make_wsgi_app(registry, disable_compression=True))
-        if tls is None:
-            self._httpd, _ = start_http_server(port, addr=host, registry=registry)
-            self._httpd.set_app(page)
-            self._watcher: threading.Thread | None = None
-            return
-        self._httpd, _ = start_http_server(
-            port,
-            addr=host,
-            registry=registry,
-            certfile=str(tls.cert_file),
-            keyfile=str(tls.key_file),
-            client_cafile=str(tls.client_ca_file) if tls.client_ca_file else None,
-            client_auth_required=tls.client_ca_file is not None,
-        )
-        self._httpd.set_app(page)
-        listening: Any = self._httpd.socket
-        # Each handshake starts on the listening context (which fixes whether a client certificate is
-        # required) and switches to the latest good context, so rotated files take effect at once.
-        listening.context.sni_callback = self._use_current_context
-        # The handshake then runs in the connection's own thread, not in the accepting one: a client that
-        # connects and stays silent cannot stall every other scrape.
-        listening.do_handshake_on_connect = False
-        _quiet_failed_handshakes(self._httpd)
-        self._watcher = threading.Thread(target=self._watch, args=(reload_interval_s,), daemon=True)
-        self._watcher.name = "tls-reload"
-        self._watcher.start()
+        self._httpd = _PooledWSGIServer(host, port)
+        self._httpd.set_app(compressing(make_wsgi_app(registry, disable_compression=True)))
+        self._watcher: threading.Thread | None = None
+        if self._reloader is not None:
+            # Each handshake starts on the listening context (which fixes whether a client certificate is
+            # required) and switches to the latest good context, so rotated files take effect at once.
+            # The handshake runs in the connection's worker, not in the accepting thread: a client that
+            # connects and stays silent cannot stall every other scrape.
+            listening = self._reloader.context
+            listening.sni_callback = self._use_current_context
+            self._httpd.socket = listening.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+            _quiet_failed_handshakes(self._httpd)
+            self._watcher = threading.Thread(target=self._watch, args=(reload_interval_s,), daemon=True)
+            self._watcher.name = "tls-reload"
+            self._watcher.start()
+        self._serving = Serving(self._httpd, "metrics-http")
+        self._serving.start()
 
     @property
     def port(self) -> int:
@@ -233,8 +247,7 @@ class MetricsServer:
 
     def shutdown(self) -> None:
         self._stopped.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._serving.stop()
         if self._watcher is not None:
             self._watcher.join(timeout=1)
 

@@ -4,7 +4,8 @@ The kubelet writes a checkpoint to a temporary file beside it, fsyncs it and ren
 the change shows up as a rename into the directory (IN_MOVED_TO). The directories holding the checkpoints are
 watched, non-recursively, with inotify (:func:`inotify_batches`, through the inotify_simple binding); a watch
 only needs read access, so a read-only mount works. The watching thread sleeps in ``poll(2)`` until the kernel
-has an event (and a few times a second to notice a stop): an idle node costs no periodic work. Events are
+has an event, the identity check below is due, or the watcher is stopped (a pipe wakes it): an idle node costs
+one wakeup per ``poll_interval_s``. Events are
 grouped until the directory has been quiet for ``settle_ms`` (the kubelet rewrites several files per pod
 admission), at most ``max_batch_ms``, then ``on_change`` is called once. Rate-limiting the exports that follow
 is the scheduler's job.
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +51,33 @@ _EVENTS = (
     | flags.DELETE_SELF
     | flags.MOVE_SELF
 )
-STOP_CHECK_MS = 250  # how soon a stop is noticed while nothing happens
+STOP_CHECK_MS = 250  # how soon a stop is noticed while nothing happens, when the stop flag has no fileno()
+
+
+class WakingEvent(threading.Event):
+    """A stop flag whose :meth:`fileno` becomes readable when it is set, so a thread sleeping in ``poll(2)``
+    wakes at once instead of checking the flag a few times a second (each wakeup costs CPU on every node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def set(self) -> None:
+        super().set()
+        if self._write_fd >= 0:
+            with suppress(BlockingIOError):  # the pipe is full: it is readable already
+                os.write(self._write_fd, b"x")
+
+    def close(self) -> None:
+        """Close the pipe, once nobody waits on it any more (a closed number may be reused at once)."""
+        for fd in (self._read_fd, self._write_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._read_fd = self._write_fd = -1
 
 
 def inotify_batches(
@@ -59,16 +88,29 @@ def inotify_batches(
     rust_timeout: int,
     **_unused: object,
 ) -> Iterator[set[tuple[int, str]]]:
-    """Batches of (event mask, path) for changes in ``directories`` (not recursive): a batch once they have
-    been quiet for ``step`` ms, at most ``debounce`` ms after its first event; an empty batch every
-    ``rust_timeout`` ms without events; nothing after ``stop_event``. A path is the directory itself when
-    the directory was deleted or moved. Raises OSError when a watch cannot be set up (no inotify, limits)."""
+    """Batches of (event mask, path) for changes in ``directories`` (not recursive): an empty batch as soon
+    as the watch is live; then a batch once they have been quiet for ``step`` ms, at most ``debounce`` ms
+    after its first event; an empty batch every ``rust_timeout`` ms without events; nothing after
+    ``stop_event``. A path is the directory itself when the directory was deleted or moved. Raises OSError
+    when a watch cannot be set up (no inotify, limits).
+
+    A ``stop_event`` with a ``fileno()`` (:class:`WakingEvent`) is waited on beside the watch; any other is
+    checked every ``STOP_CHECK_MS``."""
+    stop_fileno = getattr(stop_event, "fileno", None)
+    nap_ms = rust_timeout if stop_fileno is not None else min(rust_timeout, STOP_CHECK_MS)
     inotify = INotify()
     try:
         names = {inotify.add_watch(str(directory), _EVENTS): str(directory) for directory in directories}
+        poller = select.poll()
+        poller.register(inotify.fileno(), select.POLLIN)
+        if stop_fileno is not None:
+            poller.register(stop_fileno(), select.POLLIN)
+        yield set()  # the watch is live: the caller may catch up on what changed before
         quiet_since = time.monotonic()
         while not stop_event.is_set():
-            events = inotify.read(timeout=STOP_CHECK_MS)
+            quiet_ms = (time.monotonic() - quiet_since) * 1000
+            poller.poll(max(0, min(nap_ms, round(rust_timeout - quiet_ms))))
+            events = inotify.read(timeout=0)
             if not events:
                 if time.monotonic() - quiet_since >= rust_timeout / 1000:
                     quiet_since = time.monotonic()
@@ -132,7 +174,7 @@ class CheckpointWatcher:
         self._max_batch_ms = max_batch_ms
         self._watch_retry_s = watch_retry_s
         self._backend = backend
-        self._stop = threading.Event()
+        self._stop = WakingEvent()
         self._thread = threading.Thread(target=self._run, name="otel-numa-watch", daemon=True)
         self._signatures = self._file_signatures()
         self._retry_watch_at = 0.0
@@ -152,6 +194,8 @@ class CheckpointWatcher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._stop.close()
         self.mode = "stopped"
 
     # The loop ---------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def test_real_cgroup_read_live(tmp_path: Path) -> None:
         return int(text) * usage_scale
 
     before = cpu_seconds()
-    usage = read_container_usage(ContainerCgroup("pod", "ctr", "guaranteed", directory), layout)  # type: ignore[arg-type]
+    usage = read_container_usage(ContainerCgroup("pod", "ctr", "guaranteed", str(directory)), layout)  # type: ignore[arg-type]
     after = cpu_seconds()
 
     assert usage is not None
@@ -218,7 +218,7 @@ def test_v2_finds_every_qos_class_for_both_drivers(
     found = {c.container_id: c for c in find_container_cgroups(tmp_path)}
     suffix = ".scope" if driver == "systemd" else ""
     assert {cid: c.path for cid, c in found.items()} == {
-        cid: tmp_path / (relative + suffix) for cid, relative in expected_dirs.items()
+        cid: str(tmp_path / (relative + suffix)) for cid, relative in expected_dirs.items()
     }
     assert {(c.pod_uid, c.qos) for c in found.values()} == {
         (UID_G, "guaranteed"),
@@ -264,7 +264,9 @@ def test_v2_crio_with_cgroupfs_driver_and_static_pod_uid(tmp_path: Path) -> None
     (container / "memory.numa_stat").write_text("anon N0=4096\n")
     (container / "cpu.stat").write_text("usage_usec 10\n")
     (container.parent / f"crio-conmon-{ID_B}").mkdir()
-    assert find_container_cgroups(tmp_path) == (ContainerCgroup(static_uid, ID_B, "burstable", container),)
+    assert find_container_cgroups(tmp_path) == (
+        ContainerCgroup(static_uid, ID_B, "burstable", str(container)),
+    )
     (usage,) = read_all_usage(tmp_path)
     assert usage.memory_by_type == {"anon": {0: 4096}}
     assert usage.cpus is None and usage.mems is None  # cpuset controller not enabled here
@@ -306,7 +308,7 @@ def test_v2_custom_kubelet_cgroup_root(tmp_path: Path) -> None:
         f"/kubelet-kubepods-besteffort-pod{UID_BE.replace('-', '_')}.slice/cri-containerd-{ID_BE}.scope"
     )
     container.mkdir(parents=True)
-    assert find_container_cgroups(tmp_path) == (ContainerCgroup(UID_BE, ID_BE, "besteffort", container),)
+    assert find_container_cgroups(tmp_path) == (ContainerCgroup(UID_BE, ID_BE, "besteffort", str(container)),)
 
 
 def test_missing_hierarchies(tmp_path: Path) -> None:
@@ -331,7 +333,7 @@ def test_v2_empty_kubepods_has_no_containers(tmp_path: Path) -> None:
 def test_v2_corrupt_numa_stat_is_reported(tmp_path: Path) -> None:
     write_cgroup_tree(tmp_path, "v2", "systemd", _three_pods({"anon": {0: 4096}}))
     (cgroup,) = (c for c in find_container_cgroups(tmp_path) if c.container_id == ID_G)
-    (cgroup.path / "memory.numa_stat").write_text("anon N0=lots\n")
+    (Path(cgroup.path) / "memory.numa_stat").write_text("anon N0=lots\n")
     with pytest.raises(SourceCorrupt):
         read_all_usage(tmp_path)
 
@@ -388,7 +390,7 @@ def test_v1_tree_both_drivers(tmp_path: Path, driver: str, relative: str, cpuacc
 
     assert detect_cgroup_layout(tmp_path) == "v1"
     found = {c.container_id: c for c in find_container_cgroups(tmp_path)}
-    assert found[ID_B] == ContainerCgroup(UID_B, ID_B, "burstable", tmp_path / "memory" / relative)
+    assert found[ID_B] == ContainerCgroup(UID_B, ID_B, "burstable", str(tmp_path / "memory" / relative))
     assert found[ID_G].qos == "guaranteed" and found[ID_BE].qos == "besteffort"
 
     usage = {u.container_id: u for u in read_all_usage(tmp_path)}

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import socket
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from otel_numa.http_server import GZIP_LEVEL, MetricsServer
+from otel_numa.http_serving import MAX_WORKERS
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -54,3 +59,67 @@ def test_other_answers_are_prometheus_clients_own(server: MetricsServer) -> None
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)
     assert refused.value.code == 405
+
+
+def _voluntary_switches(thread: threading.Thread) -> int:
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def _serving_threads() -> list[threading.Thread]:
+    """The accepting thread and the workers (named after it) alive now."""
+    return [thread for thread in threading.enumerate() if thread.name.startswith("metrics-http")]
+
+
+def test_an_idle_server_sleeps_and_keeps_its_workers(server: MetricsServer) -> None:
+    for _ in range(5):
+        assert get(server)[0] == 200
+    time.sleep(0.2)  # the last worker has gone back to waiting
+    threads = _serving_threads()
+    assert 2 <= len(threads) <= 1 + MAX_WORKERS  # the accepting thread and the workers it kept
+    before = {thread: _voluntary_switches(thread) for thread in threads}
+    time.sleep(1.5)
+    # serve_forever's poll would wake the accepting thread 3 times; nothing wakes an idle worker
+    assert {thread: _voluntary_switches(thread) - count for thread, count in before.items()} == dict.fromkeys(
+        threads, 0
+    )
+    for _ in range(20):
+        assert get(server)[0] == 200
+    after = _serving_threads()
+    assert set(threads) <= set(after)  # workers are kept between requests
+    assert len(after) <= 1 + MAX_WORKERS  # and bounded, not one per request
+
+
+def test_silent_connections_do_not_hold_up_a_scrape(server: MetricsServer) -> None:
+    silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_WORKERS - 1)]
+    try:
+        status, _headers, body = get(server)
+        assert status == 200 and b"numa_test_value" in body
+    finally:
+        for connection in silent:
+            connection.close()
+
+
+def test_shutdown_is_prompt_and_closes_the_port(server: MetricsServer) -> None:
+    port = server.port
+    began = time.monotonic()
+    server.shutdown()
+    assert time.monotonic() - began < 0.5
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    assert not [thread for thread in _serving_threads() if thread.name == "metrics-http"]
+    server.shutdown()  # a second shutdown (the fixture's) is harmless
+
+
+def test_an_ipv6_address_is_served() -> None:
+    registry = CollectorRegistry()
+    Gauge("numa_test_value", "A value.", registry=registry).set(1)
+    try:
+        metrics = MetricsServer("::1", 0, registry)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{metrics.port}/metrics", timeout=5) as response:
+            assert b"numa_test_value 1.0" in response.read()
+    finally:
+        metrics.shutdown()

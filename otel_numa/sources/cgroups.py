@@ -52,7 +52,8 @@ class ContainerCgroup:
     pod_uid: str
     container_id: str
     qos: QosClass
-    path: Path  # the container's directory (v2), or its directory in the memory hierarchy (v1)
+    # the container's directory (v2), or its directory in the memory hierarchy (v1); a string, as read
+    path: str
 
 
 class _Vanished(Exception):
@@ -168,7 +169,7 @@ def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...
             for entry in _child_dirs(pod_dir):
                 container_id = _container_id_of(entry.name)
                 if container_id is not None:
-                    found.append(ContainerCgroup(pod_uid, container_id, qos, Path(entry.path)))
+                    found.append(ContainerCgroup(pod_uid, container_id, qos, entry.path))
     return tuple(found)
 
 
@@ -290,7 +291,7 @@ def read_container_usage(
 
     ``memory_types`` limits the v2 memory types parsed (v1 files have only three); ``None``: all of them.
     """
-    directory = str(cgroup.path)
+    directory = cgroup.path
     numa_stat, cpus, mems, cpu_time = _read_v2(directory) if layout == "v2" else _read_v1(directory)
     if (numa_stat is None or cpus is None or mems is None or cpu_time is None) and not os.path.isdir(
         directory
