@@ -45,6 +45,7 @@ from benchmarks.harness import (
     verdict,
 )
 from otel_numa.agent import Agent
+from otel_numa.heap import release_free_memory
 from otel_numa.pipeline import build_pipeline
 from otel_numa.settings import OtlpProtocol, Settings
 from otel_numa.testing.large_node import LargeNode, large_node_at, write_large_node
@@ -140,6 +141,7 @@ def soak(root: Path, rounds: int) -> dict[int, float]:
             refresh_background()
         if number % 250 == 0:
             generate_latest(registry)
+            release_free_memory()  # as the page's server does once a page is sent
         else:
             agent.store.refresh()
         if number == 1 or number % 1000 == 0:

@@ -28,6 +28,7 @@ is how an SDK upgrade that changes the internals is caught).
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import operator
@@ -298,6 +299,27 @@ class _Translation:
     attributes: tuple[object, ...]  # held, so that their ids cannot be reused while remembered
     values: tuple[object, ...]
     families: tuple[tuple[str, object], ...]  # (family id, prometheus_client family)
+    # one family whose samples are the data points' values in order (gauges, counters): new values only
+    # need new samples, with the same names and label dicts
+    one_sample_per_point: bool = False
+
+
+def _one_sample_per_point(families: tuple[tuple[str, Any], ...], values: tuple[object, ...]) -> bool:
+    if len(families) != 1:
+        return False
+    samples = families[0][1].samples
+    return len(samples) == len(values) and all(
+        _plain(sample) and sample.value is value for sample, value in zip(samples, values, strict=True)
+    )
+
+
+def _revalued(family: Any, values: tuple[object, ...]) -> Any:
+    """A copy of ``family`` whose samples carry ``values`` (names and label dicts shared)."""
+    copied = copy.copy(family)
+    copied.samples = [
+        sample._replace(value=value) for sample, value in zip(family.samples, values, strict=True)
+    ]
+    return copied
 
 
 class _TranslatedMetrics:
@@ -322,13 +344,19 @@ class _TranslatedMetrics:
         known = self._known.get(key)
         if (
             known is not None
-            and known.values == values
             and len(known.attributes) == len(attributes)
             and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
             and not any(family_id in metric_family_id_metric_family for family_id, _ in known.families)
         ):
-            metric_family_id_metric_family.update(known.families)
-            return
+            if known.values == values:
+                metric_family_id_metric_family.update(known.families)
+                return
+            if known.one_sample_per_point and None not in values:
+                ((family_id, family),) = known.families
+                families = ((family_id, _revalued(family, values)),)
+                metric_family_id_metric_family.update(families)
+                self._known[key] = _Translation(attributes, values, families, one_sample_per_point=True)
+                return
         before = set(metric_family_id_metric_family)
         self._labels.metric.key = key
         try:
@@ -339,7 +367,7 @@ class _TranslatedMetrics:
         if None in values or any(fid in before for fid, _ in added) or not added:
             self._known.pop(key, None)  # histograms, merged families: translated every time
         else:
-            self._known[key] = _Translation(attributes, values, added)
+            self._known[key] = _Translation(attributes, values, added, _one_sample_per_point(added, values))
 
 
 @dataclass
@@ -480,7 +508,7 @@ def _same_series(before: Any, now: Any) -> bool:
         and before.unit == now.unit
         and len(before.samples) == len(now.samples)
         and all(
-            a.name == b.name and a.labels == b.labels and _plain(b)
+            a.name == b.name and (a.labels is b.labels or a.labels == b.labels) and _plain(b)
             for a, b in zip(before.samples, now.samples, strict=True)
         )
     )

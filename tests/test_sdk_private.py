@@ -118,13 +118,15 @@ def test_the_page_is_byte_for_byte_what_the_libraries_write(
     pipeline.shutdown(timeout_s=1)
 
 
-def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
+def test_reused_translations_equal_the_exporters_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One MeterProvider, two Prometheus readers over the agent's instruments: one with reused
     translations and label rows, one as the exporter ships it. Their pages are equal while values change
-    (fresh per-container usage) and while series come and go."""
+    (fresh per-container usage; a family with the same series then only gets new samples) and while
+    series come and go."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from otel_numa import sdk_private
     from otel_numa.agent import Agent
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
@@ -142,11 +144,19 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
     provider = MeterProvider(metric_readers=[fast, plain])
     names = [spec.name for spec in METRICS if spec.group.value not in ("health", "compat")]
     register_instruments(provider.get_meter("t"), agent.store, names, "n")
+    revalued: list[tuple[int, str]] = []
+    new_samples = sdk_private._revalued
+
+    def spy(family: Any, values: tuple[object, ...]) -> Any:
+        revalued.append((generation, family.name))
+        return new_samples(family, values)
+
+    monkeypatch.setattr(sdk_private, "_revalued", spy)
     pages = []
-    for generation in range(4):
-        if generation == 2:
+    for generation in range(5):
+        if generation in (2, 3):
             node.write_cgroup_usage(generation)  # new values for the same series
-        if generation == 3:
+        if generation == 4:
             shutil.rmtree(next((node.root / "pod-logs").iterdir()))  # a pod is gone: fewer series
         agent.refresh_background()
         with agent.store.pinned():
@@ -154,7 +164,14 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
         assert fast_page == plain_page, generation
         assert b"numa_container_memory_usage_bytes" in fast_page
         pages.append(fast_page)
-    assert pages[0] == pages[1] != pages[2] != pages[3]  # the same, new values, other series
+    assert (
+        pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
+    )  # the same, new values twice, fewer series
+    assert {name for _, name in revalued} >= {
+        "numa_container_memory_usage_bytes",
+        "numa_container_cpu_time_seconds",
+    }
+    assert {generation for generation, _ in revalued} == {2, 3}  # never when the series changed
     provider.shutdown()
 
 
