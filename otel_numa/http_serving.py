@@ -4,17 +4,20 @@ connection arrives or the server stops, and a few long-lived worker threads that
 socketserver's usual way polls the listening socket twice a second and starts a thread per connection; on a
 node every wakeup and thread start is CPU spent for nothing (tens of microseconds each on a small VM). Idle
 workers block on their queue and cost nothing. Each connection has ``REQUEST_TIMEOUT_S`` per read or write,
-so a client that connects and stays silent holds a worker only that long.
+so a client that connects and stays silent holds a worker only that long; workers are daemon threads, so
+such a client never holds up the process's exit either.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import selectors
 import socket
 import socketserver
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 MAX_WORKERS = 8  # concurrent requests; Prometheus scrapes one at a time, probes are tiny
@@ -27,14 +30,54 @@ def address_family(host: str, port: int) -> socket.AddressFamily:
     return infos[0][0]
 
 
-class PooledMixIn:
-    """Mixed into a socketserver TCP server ahead of it: requests are answered by a pool of worker threads,
-    made on demand up to ``MAX_WORKERS`` and kept, instead of a new thread per connection."""
+class Workers:
+    """Daemon threads named ``name``, made on demand up to ``limit`` and kept, that run submitted tasks.
 
-    workers: ThreadPoolExecutor
+    Not concurrent.futures' pool: its threads are joined at interpreter exit, so one connection stuck in a
+    read would hold up a SIGTERM for the whole request timeout."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self._name = name
+        self._limit = limit
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one token per worker waiting for a task
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self._tasks.put(task)
+        if self._idle.acquire(blocking=False):
+            return  # a waiting worker takes it
+        with self._lock:
+            if len(self._threads) < self._limit:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+
+    def _work(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            finally:
+                self._idle.release()
+
+    def stop(self) -> None:
+        """Each worker ends after the task it is running, if any."""
+        with self._lock:
+            for _ in self._threads:
+                self._tasks.put(None)
+
+
+class PooledMixIn:
+    """Mixed into a socketserver TCP server ahead of it: requests are answered by :class:`Workers`,
+    at most ``MAX_WORKERS`` at once, instead of a new thread per connection."""
+
+    workers: Workers
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self.workers.submit(self._answer, request, client_address)
+        self.workers.submit(functools.partial(self._answer, request, client_address))
 
     def _answer(self, request: Any, client_address: Any) -> None:
         server: Any = self  # a socketserver.BaseServer by construction
@@ -54,7 +97,7 @@ class Serving:
             raise TypeError(f"{type(server).__name__} does not answer on a pool of workers")
         self.server = server
         server.timeout = 0  # handle_request() is called only once the socket is readable
-        self._workers = server.workers = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix=f"{name}-worker")
+        self._workers = server.workers = Workers(f"{name}-worker", MAX_WORKERS)
         self._wake_read, self._wake_write = os.pipe()
         self._stopped = False
         self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
@@ -83,7 +126,7 @@ class Serving:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self.server.server_close()
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._workers.stop()
         if not self._thread.is_alive():  # a number still polled must not be reused
             for fd in (self._wake_read, self._wake_write):
                 os.close(fd)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -123,3 +125,25 @@ def test_an_ipv6_address_is_served() -> None:
             assert b"numa_test_value 1.0" in response.read()
     finally:
         metrics.shutdown()
+
+
+EXIT_WITH_A_SILENT_CLIENT = """
+import socket, sys, time
+from prometheus_client import CollectorRegistry
+from otel_numa.http_server import MetricsServer
+server = MetricsServer("127.0.0.1", 0, CollectorRegistry())
+silent = socket.create_connection(("127.0.0.1", server.port))
+time.sleep(0.3)  # a worker has taken the connection and waits for its request
+server.shutdown()
+print("shut down", flush=True)
+"""
+
+
+def test_a_silent_client_does_not_hold_up_the_process_exit() -> None:
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_A_SILENT_CLIENT], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"shut down\n"
+    assert time.monotonic() - began < 10  # not the 30 s the worker would wait for the request
