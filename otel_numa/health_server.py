@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving, address_family
+from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving
 
 
 class _PooledHTTPServer(PooledMixIn, HTTPServer):
-    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
-        self.address_family = address_family(host, port)
-        super().__init__((host, port), handler)
+    thread_name = "health-http"
 
 
 class HealthServer:
@@ -42,7 +40,7 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:  # probes every few seconds: stay quiet
                 pass
 
-        self._serving = Serving(_PooledHTTPServer(host, port, Handler), "health-http")
+        self._serving = Serving(_PooledHTTPServer(host, port, Handler))
 
     @property
     def port(self) -> int:

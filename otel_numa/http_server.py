@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import gzip_accepted
 
 from otel_numa.heap import release_free_memory
-from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving, address_family
+from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving
 from otel_numa.options import TlsOptions
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class _PooledWSGIServer(PooledMixIn, WSGIServer):
-    def __init__(self, host: str, port: int) -> None:
-        self.address_family = address_family(host, port)
-        super().__init__((host, port), _QuietHandler)
+    thread_name = "metrics-http"
 
     def shutdown_request(self, request: Any) -> None:
         super().shutdown_request(request)
@@ -207,7 +205,7 @@ class MetricsServer:
     ) -> None:
         self._reloader = CertificateReloader(tls) if tls is not None else None
         self._stopped = threading.Event()
-        self._httpd = _PooledWSGIServer(host, port)
+        self._httpd = _PooledWSGIServer(host, port, _QuietHandler)
         self._httpd.set_app(compressing(make_wsgi_app(registry, disable_compression=True)))
         self._watcher: threading.Thread | None = None
         if self._reloader is not None:
@@ -224,7 +222,7 @@ class MetricsServer:
             self._watcher = threading.Thread(target=self._watch, args=(reload_interval_s,), daemon=True)
             self._watcher.name = "tls-reload"
             self._watcher.start()
-        self._serving = Serving(self._httpd, "metrics-http")
+        self._serving = Serving(self._httpd)
         self._serving.start()
 
     @property

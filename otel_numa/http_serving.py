@@ -71,10 +71,18 @@ class Workers:
 
 
 class PooledMixIn:
-    """Mixed into a socketserver TCP server ahead of it: requests are answered by :class:`Workers`,
-    at most ``MAX_WORKERS`` at once, instead of a new thread per connection."""
+    """Mixed into a socketserver TCP server ahead of it: binds ``host:port`` in the address's family, and
+    requests are answered by :class:`Workers`, at most ``MAX_WORKERS`` at once, instead of a new thread per
+    connection. ``thread_name`` names the accepting thread; the workers are named after it."""
 
-    workers: Workers
+    thread_name: str
+    address_family: int
+    timeout: float | None = 0  # handle_request() is called only once the socket is readable
+
+    def __init__(self, host: str, port: int, handler: type[socketserver.BaseRequestHandler]) -> None:
+        self.address_family = address_family(host, port)
+        self.workers = Workers(f"{self.thread_name}-worker", MAX_WORKERS)
+        super().__init__((host, port), handler)  # type: ignore[call-arg]  # the server class mixed in
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.workers.submit(functools.partial(self._answer, request, client_address))
@@ -90,17 +98,16 @@ class PooledMixIn:
 
 
 class Serving:
-    """Runs ``server`` (a :class:`PooledMixIn` server) in a thread named ``name`` until :meth:`stop`."""
+    """Runs ``server`` (a :class:`PooledMixIn` server) in a thread of its own until :meth:`stop`."""
 
-    def __init__(self, server: socketserver.TCPServer, name: str) -> None:
+    def __init__(self, server: socketserver.TCPServer) -> None:
         if not isinstance(server, PooledMixIn):
             raise TypeError(f"{type(server).__name__} does not answer on a pool of workers")
-        self.server = server
-        server.timeout = 0  # handle_request() is called only once the socket is readable
-        self._workers = server.workers = Workers(f"{name}-worker", MAX_WORKERS)
+        self.server: socketserver.TCPServer = server
+        self._workers: Workers = server.workers
         self._wake_read, self._wake_write = os.pipe()
         self._stopped = False
-        self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._accept, name=server.thread_name, daemon=True)
 
     def start(self) -> None:
         # Non-blocking: a connection reset between the wakeup and accept() must not block the loop.

@@ -181,18 +181,22 @@ def _no_exemplars(_aggregation: type) -> Callable[..., ExemplarReservoir]:
 
 def _otlp_exporter(export: ExportOptions) -> MetricExporter:
     url = export.otlp_url
+    exporter: MetricExporter
     if export.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        reuse_otlp_requests(export.otlp_protocol)
-        return GrpcExporter(endpoint=url, insecure=url.startswith("http://"), timeout=export.otlp_timeout_s)
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+        exporter = GrpcExporter(
+            endpoint=url, insecure=url.startswith("http://"), timeout=export.otlp_timeout_s
+        )
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-    from otel_numa.otlp_http import otlp_http_session
+        from otel_numa.otlp_http import otlp_http_session
 
-    reuse_otlp_requests(export.otlp_protocol)
-    # the collector CA of OTEL_EXPORTER_OTLP_(METRICS_)CERTIFICATE must win over REQUESTS_CA_BUNDLE
-    return HttpExporter(endpoint=url, timeout=export.otlp_timeout_s, session=otlp_http_session())
+        # the collector CA of OTEL_EXPORTER_OTLP_(METRICS_)CERTIFICATE must win over REQUESTS_CA_BUNDLE
+        exporter = HttpExporter(endpoint=url, timeout=export.otlp_timeout_s, session=otlp_http_session())
+    reuse_otlp_requests(export.otlp_protocol)  # the exporter's module is imported now
+    return exporter
 
 
 def build_pipeline(

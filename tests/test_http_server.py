@@ -10,13 +10,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from otel_numa.http_server import GZIP_LEVEL, MetricsServer
 from otel_numa.http_serving import MAX_WORKERS
+from otel_numa.testing.peers import voluntary_switches
 
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -63,9 +63,9 @@ def test_other_answers_are_prometheus_clients_own(server: MetricsServer) -> None
     assert refused.value.code == 405
 
 
-def _voluntary_switches(thread: threading.Thread) -> int:
-    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
-    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+def _switches(thread: threading.Thread) -> int:
+    assert thread.native_id is not None
+    return voluntary_switches(thread.native_id)
 
 
 def _serving_threads() -> list[threading.Thread]:
@@ -79,10 +79,10 @@ def test_an_idle_server_sleeps_and_keeps_its_workers(server: MetricsServer) -> N
     time.sleep(0.2)  # the last worker has gone back to waiting
     threads = _serving_threads()
     assert 2 <= len(threads) <= 1 + MAX_WORKERS  # the accepting thread and the workers it kept
-    before = {thread: _voluntary_switches(thread) for thread in threads}
+    before = {thread: _switches(thread) for thread in threads}
     time.sleep(1.5)
     # serve_forever's poll would wake the accepting thread 3 times; nothing wakes an idle worker
-    assert {thread: _voluntary_switches(thread) - count for thread, count in before.items()} == dict.fromkeys(
+    assert {thread: _switches(thread) - count for thread, count in before.items()} == dict.fromkeys(
         threads, 0
     )
     for _ in range(20):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,29 @@ PINNED = (
     "opentelemetry-exporter-otlp-proto-http",
     "prometheus-client",
 )
+
+
+def small_node(root: Path, **settings: Any) -> tuple[Any, Any]:
+    """A 2-node LargeNode with 6 pods of 2 containers under ``root``, and an Agent reading it."""
+    from otel_numa.agent import Agent
+    from otel_numa.settings import Settings
+    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(root, spec)
+    return node, Agent(Settings(**node.settings_values(), **settings).to_options())  # type: ignore[arg-type]
+
+
+def generations(node: Any, agent: Any) -> Iterator[int]:
+    """Five states of ``node``, each read by ``agent`` before it is yielded: 0 and 1 the same, 2 and 3 new
+    cgroup values for the same series, 4 one pod fewer."""
+    for generation in range(5):
+        if generation in (2, 3):
+            node.write_cgroup_usage(generation)
+        if generation == 4:
+            shutil.rmtree(next((node.root / "pod-logs").iterdir()))
+        agent.refresh_background()
+        yield generation
 
 
 def test_pins_are_compatible_release_pins_matching_the_installed_versions() -> None:
@@ -127,16 +150,11 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path, monkeypatch
     from prometheus_client import CollectorRegistry, generate_latest
 
     from otel_numa import sdk_private
-    from otel_numa.agent import Agent
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
     from otel_numa.sdk_private import speed_up_prometheus_reader
-    from otel_numa.settings import Settings
-    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 
-    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
-    node = write_large_node(tmp_path / "node", spec)
-    agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
+    node, agent = small_node(tmp_path / "node")
     fast_registry, plain_registry = CollectorRegistry(), CollectorRegistry()
     fast = PrometheusMetricReader(registry=fast_registry, disable_target_info=True)
     plain = PrometheusMetricReader(registry=plain_registry, disable_target_info=True)
@@ -153,12 +171,7 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path, monkeypatch
 
     monkeypatch.setattr(sdk_private, "_revalued", spy)
     pages = []
-    for generation in range(5):
-        if generation in (2, 3):
-            node.write_cgroup_usage(generation)  # new values for the same series
-        if generation == 4:
-            shutil.rmtree(next((node.root / "pod-logs").iterdir()))  # a pod is gone: fewer series
-        agent.refresh_background()
+    for generation in generations(node, agent):
         with agent.store.pinned():
             fast_page, plain_page = generate_latest(fast_registry), generate_latest(plain_registry)
         assert fast_page == plain_page, generation
@@ -222,12 +235,9 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(tmp_path: Path) -
 
     from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 
-    from otel_numa.agent import Agent
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
     from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
-    from otel_numa.settings import Settings
-    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 
     modules = {
         "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
@@ -237,21 +247,14 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(tmp_path: Path) -
         __import__(name)
     assert all(reuse_otlp_requests(protocol) for protocol in modules)
     FAST_PATHS.install()
-    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
-    node = write_large_node(tmp_path / "node", spec)
-    agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
+    node, agent = small_node(tmp_path / "node")
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
     names = [spec.name for spec in METRICS if spec.group.value != "compat"]
     register_instruments(provider.get_meter("t"), agent.store, names, "n")
     encode = sys.modules[modules["grpc"]].encode_metrics
     requests = []
-    for generation in range(5):
-        if generation in (2, 3):
-            node.write_cgroup_usage(generation)  # new values for the same series
-        if generation == 4:
-            shutil.rmtree(next((node.root / "pod-logs").iterdir()))  # a pod is gone: fewer series
-        agent.refresh_background()
+    for generation in generations(node, agent):
         with agent.store.pinned():
             data = reader.get_metrics_data()
         assert data is not None
@@ -276,11 +279,8 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     import prometheus_client.openmetrics.exposition as openmetrics
 
     from otel_numa import sdk_private
-    from otel_numa.agent import Agent
     from otel_numa.pipeline import build_pipeline
     from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
-    from otel_numa.settings import Settings
-    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 
     written_in: list[str] = []
 
@@ -292,25 +292,17 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     monkeypatch.setattr(sdk_private, "_with_new_values", with_new_values)
     rendered = install_family_rendering()
     assert isinstance(rendered, RenderedFamilies)
-    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     for encode, original in (
         (openmetrics.generate_latest, rendered.openmetrics_encoder),
         (exposition.generate_latest, rendered.text_encoder),
     ):
-        node = write_large_node(tmp_path / original.__module__, spec)
         # no health series: their ages move between the two collections compared
-        values = {**node.settings_values(), "disable": "health"}
-        agent = Agent(Settings(**values).to_options())  # type: ignore[arg-type]
+        node, agent = small_node(tmp_path / original.__module__, disable="health")
         pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
         assert pipeline.registry is not None
         pages: list[bytes] = []
         written_in.clear()
-        for generation in range(5):
-            if generation in (2, 3):
-                node.write_cgroup_usage(generation)
-            if generation == 4:
-                shutil.rmtree(next((node.root / "pod-logs").iterdir()))
-            agent.refresh_background()
+        for generation in generations(node, agent):
             page = encode(pipeline.registry)
             assert page == original(pipeline.registry), generation
             assert b"numa_container_memory_usage_bytes{" in page

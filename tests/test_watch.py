@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from otel_numa.testing.checkpoints import write_atomically, write_cpu_manager_state
-from otel_numa.testing.peers import wait_for
+from otel_numa.testing.peers import voluntary_switches, wait_for
 from otel_numa.watch import CheckpointWatcher, WatchBackend, inotify_batches
 
 POLL_S = 0.2  # the watcher's identity check / polling period in these tests
@@ -236,12 +236,6 @@ def test_stop_is_prompt(tmp_path: Path) -> None:
         assert watcher.mode == "stopped"
 
 
-def _voluntary_switches(native_id: int) -> int:
-    """How often the thread has gone to sleep and been woken (each wakeup costs CPU on a node)."""
-    status = Path(f"/proc/self/task/{native_id}/status").read_text()
-    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-
-
 def test_an_idle_watch_sleeps_until_its_identity_check(tmp_path: Path) -> None:
     root = kubelet_dir(tmp_path)
     calls = Calls()
@@ -252,10 +246,10 @@ def test_an_idle_watch_sleeps_until_its_identity_check(tmp_path: Path) -> None:
         native_id = watcher._thread.native_id
         assert native_id is not None
         time.sleep(0.1)  # the catch-up after the watch started is over
-        before = _voluntary_switches(native_id)
+        before = voluntary_switches(native_id)
         time.sleep(1.5)
         # A stop check every STOP_CHECK_MS would wake it ~6 times; a pipe wakes it only when stopped.
-        assert _voluntary_switches(native_id) - before <= 1
+        assert voluntary_switches(native_id) - before <= 1
         began = time.monotonic()
         watcher.stop(timeout_s=2)
         assert time.monotonic() - began < 0.2

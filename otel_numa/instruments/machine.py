@@ -86,36 +86,21 @@ def _numastat(snapshot: Snapshot) -> Iterator[Point]:
                     yield counters[kind], {NUMA_ID: node_id, "numa.numastat.type": kind}
 
 
-def _topology(snapshot: Snapshot) -> object:
-    return snapshot.machine and snapshot.machine.topology
-
-
-def _memory(snapshot: Snapshot) -> object:
-    return snapshot.machine and snapshot.machine.memory
-
-
-def _hugepages(snapshot: Snapshot) -> object:
-    return snapshot.machine and snapshot.machine.hugepages
-
-
-def _cpu_times(snapshot: Snapshot) -> object:
-    return snapshot.machine and snapshot.machine.cpu_time
-
-
-def _numastats(snapshot: Snapshot) -> object:
-    return snapshot.machine and snapshot.machine.numastat
+def _part(name: str) -> Part:
+    """The machine's ``name`` piece of a snapshot (None before sysfs was read once)."""
+    return lambda snapshot: snapshot.machine and getattr(snapshot.machine, name)
 
 
 # each with the part of the machine it depends on only (the collector hands back the same object while its
 # values are the same)
 OBSERVERS: dict[str, tuple[Observe, Part]] = {
-    "numa.node.count": (_node_count, _topology),
-    "numa.cpu.capacity": (_cpu_capacity, _topology),
-    "numa.memory.capacity": (_memory_capacity, _memory),
-    "numa.hugepages.capacity": (_hugepages_capacity, _hugepages),
-    "numa.node.distance": (_distances, _topology),
-    "numa.cpu.time": (_cpu_time, _cpu_times),
-    "numa.memory.usage": (_memory_usage, _memory),
-    "numa.hugepages.free": (_hp_free, _hugepages),
-    "numa.memory.page.allocations": (_numastat, _numastats),
+    "numa.node.count": (_node_count, _part("topology")),
+    "numa.cpu.capacity": (_cpu_capacity, _part("topology")),
+    "numa.memory.capacity": (_memory_capacity, _part("memory")),
+    "numa.hugepages.capacity": (_hugepages_capacity, _part("hugepages")),
+    "numa.node.distance": (_distances, _part("topology")),
+    "numa.cpu.time": (_cpu_time, _part("cpu_time")),
+    "numa.memory.usage": (_memory_usage, _part("memory")),
+    "numa.hugepages.free": (_hp_free, _part("hugepages")),
+    "numa.memory.page.allocations": (_numastat, _part("numastat")),
 }

@@ -42,6 +42,12 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last error: {last_error!r}")
 
 
+def voluntary_switches(native_id: int) -> int:
+    """How often a thread of this process has gone to sleep and been woken (each wakeup costs CPU)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
