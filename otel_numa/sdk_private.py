@@ -31,16 +31,19 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import math
 import operator
 import sys
 import threading
+import weakref
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, Sum
+from opentelemetry.sdk.metrics._internal.measurement import Measurement as _Measurement
+from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, NumberDataPoint, Sum
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
@@ -203,12 +206,14 @@ class _ReusedMeasurements:
     """Stands in for ``_Asynchronous.callback``, the SDK's loop that turns an observable instrument's
     observations into Measurements: while the instrument's callback hands back the very same list of
     observations (the agent's instruments do while their inputs are unchanged, and never change a list they
-    handed over), the Measurements made from it last time are handed on again. A Measurement's time and
-    context serve only exemplars, which the agent switches off; the rest is the observation's. Anything
-    else goes through the SDK's own loop."""
+    handed over), the Measurements made from it last time are handed on again, or none at all when the
+    instrument's last points can be repeated (:class:`_RepeatedPoints`). A Measurement's time and context
+    serve only exemplars, which the agent switches off; the rest is the observation's. Anything else goes
+    through the SDK's own loop."""
 
-    def __init__(self, callback: Callable[..., Iterable[Any]]) -> None:
+    def __init__(self, callback: Callable[..., Iterable[Any]], unchanged: _UnchangedInstruments) -> None:
         self._callback = callback
+        self._unchanged = unchanged
         self._made: dict[object, tuple[object, list[Any]]] = {}  # instrument -> (observations, measurements)
 
     def __get__(self, instrument: Any, owner: type | None = None) -> Any:
@@ -217,6 +222,7 @@ class _ReusedMeasurements:
     def __call__(self, instrument: Any, callback_options: Any) -> Iterable[Any]:
         callbacks = instrument._callbacks
         if len(callbacks) != 1 or not instrument._is_enabled():
+            self._unchanged.hand_over(instrument, None)
             return self._callback(instrument, callback_options)
         (callback,) = callbacks
         try:
@@ -225,16 +231,144 @@ class _ReusedMeasurements:
             observations = _Raising(error)
         made = self._made.get(instrument)
         if made is not None and made[0] is observations:
+            if self._unchanged.repeat(instrument, made[1]):
+                return ()
+            self._unchanged.hand_over(instrument, made[1])
             return made[1]
-        # the SDK's loop over these observations; collections run one at a time (the SDK's consumer lock)
-        instrument._callbacks = [lambda _options: observations]
-        try:
-            measurements = list(self._callback(instrument, callback_options))
-        finally:
-            instrument._callbacks = callbacks
-        if isinstance(observations, list):
+        measurements = _measured_anew(observations, made) if made is not None else None
+        if measurements is None:
+            # the SDK's loop over these observations; collections run one at a time (the SDK's consumer lock)
+            instrument._callbacks = [lambda _options: observations]
+            try:
+                measurements = list(self._callback(instrument, callback_options))
+            finally:
+                instrument._callbacks = callbacks
+        kept = isinstance(observations, list)
+        if kept:
             self._made[instrument] = (observations, measurements)
+        self._unchanged.hand_over(instrument, measurements if kept else None)
         return measurements
+
+
+def _measured_anew(observations: object, made: tuple[object, list[Any]]) -> list[Any] | None:
+    """Measurements for ``observations`` when each has the attribute dict of the observation at its place
+    last time and a finite number as its value: copies of last time's Measurements with the new values,
+    which is what the SDK's loop would make (its time and context serve only exemplars). None otherwise."""
+    before, measurements = made
+    if (
+        type(observations) is not list
+        or type(before) is not list
+        or not len(observations) == len(before) == len(measurements)
+    ):
+        return None
+    new = object.__new__
+    result = []
+    for observation, previous, measurement in zip(observations, before, measurements, strict=True):
+        value = observation.value
+        if (
+            observation.attributes is not previous.attributes
+            or observation.context is not None
+            or type(value) not in _NUMBER_TYPES
+            or not math.isfinite(value)
+        ):
+            return None
+        copied = new(_Measurement)
+        fields = copied.__dict__
+        fields.update(measurement.__dict__)
+        fields["value"] = value
+        result.append(copied)
+    return result
+
+
+_NUMBER_TYPES = frozenset({int, float})
+
+
+@dataclass
+class _Collected:
+    """An instrument's data points from one collection of the provider's only (cumulative) reader."""
+
+    measurements: object  # the Measurements they came from (held: compared by identity)
+    match: object  # the SDK's view-instrument match that made them
+    aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
+    points: list[tuple[Any, Any, Any]]  # (attributes, start time, value) per data point
+
+
+class _UnchangedInstruments:
+    """Which instruments hand the SDK the same Measurements as in their last collection, shared by the two
+    stand-ins that skip the work for them. With one reader collecting cumulatively, consuming the same
+    Measurements again and collecting the aggregations gives the same points with a new time, so the
+    points are made from the last ones instead; with more readers, each has its own aggregations and the
+    SDK's path is taken."""
+
+    def __init__(self) -> None:
+        self.handed: dict[object, object] = {}  # instrument -> Measurements handed over in this collection
+        self.repeating: dict[object, _Collected] = {}  # instrument -> points to repeat in this collection
+        self.last: weakref.WeakKeyDictionary[object, _Collected] = weakref.WeakKeyDictionary()
+
+    def hand_over(self, instrument: object, measurements: object) -> None:
+        self.repeating.pop(instrument, None)
+        self.handed[instrument] = measurements
+
+    def repeat(self, instrument: Any, measurements: object) -> bool:
+        """Whether ``instrument``'s last points stand for ``measurements``; if so they are repeated."""
+        last = self.last.get(instrument)
+        if (
+            last is None
+            or last.measurements is not measurements
+            or getattr(last.match, "_attributes_aggregation", None) is not last.aggregations
+        ):
+            return False
+        storages = getattr(getattr(instrument, "_measurement_consumer", None), "_reader_storages", None)
+        if not isinstance(storages, dict) or len(storages) != 1:
+            return False
+        (storage,) = storages.values()
+        matches = getattr(storage, "_instrument_view_instrument_matches", {}).get(instrument)
+        if not isinstance(matches, list) or len(matches) != 1 or matches[0] is not last.match:
+            return False
+        self.handed.pop(instrument, None)
+        self.repeating[instrument] = last
+        return True
+
+
+class _RepeatedPoints:
+    """Stands in for ``_ViewInstrumentMatch.collect``: an instrument whose Measurements were not handed
+    over because they are those of its last collection gets its last points again, with this collection's
+    time; every other collection is the SDK's, and its points are remembered when they can be repeated
+    (plain number points without exemplars, collected cumulatively from Measurements handed over whole)."""
+
+    def __init__(self, collect: Callable[..., Any], unchanged: _UnchangedInstruments) -> None:
+        self._collect = collect
+        self._unchanged = unchanged
+
+    def __get__(self, match: Any, owner: type | None = None) -> Any:
+        return self if match is None else functools.partial(self.__call__, match)
+
+    def __call__(self, match: Any, temporality: Any, collection_start_nanos: int) -> Any:
+        instrument = getattr(match, "_instrument", None)
+        unchanged = self._unchanged
+        last = unchanged.repeating.pop(instrument, None)
+        if last is not None and last.match is match:
+            return [
+                NumberDataPoint(attributes, start, collection_start_nanos, value, [])
+                for attributes, start, value in last.points
+            ]
+        points = self._collect(match, temporality, collection_start_nanos)
+        handed = unchanged.handed.pop(instrument, None)
+        if (
+            handed is not None
+            and temporality is AggregationTemporality.CUMULATIVE
+            and points
+            and all(type(point) is NumberDataPoint and not point.exemplars for point in points)
+        ):
+            unchanged.last[instrument] = _Collected(
+                handed,
+                match,
+                getattr(match, "_attributes_aggregation", None),
+                [(point.attributes, point.start_time_unix_nano, point.value) for point in points],
+            )
+        elif instrument is not None:
+            unchanged.last.pop(instrument, None)
+        return points
 
 
 class _Raising:
@@ -263,7 +397,9 @@ class FastPaths:
         self._replace(measurement, "_clean_attribute_value", _FlatAttributesKept)
         self._replace(match, "_hash_attributes", _CompactAttributeKeys)
         instrument = importlib.import_module(_INSTRUMENT_MODULE)
-        self._replace(instrument._Asynchronous, "callback", _ReusedMeasurements)
+        unchanged = _UnchangedInstruments()
+        if self._replace(instrument._Asynchronous, "callback", lambda f: _ReusedMeasurements(f, unchanged)):
+            self._replace(match._ViewInstrumentMatch, "collect", lambda f: _RepeatedPoints(f, unchanged))
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from otel_numa.testing.certs import Issued, issue, make_ca
-from otel_numa.testing.peers import OtlpTlsProxy, Rotel, run_agent, run_otlp_tls_proxy, run_rotel, wait_for
+from otel_numa.testing.peers import (
+    OtlpTlsProxy,
+    ProxiedRequest,
+    Rotel,
+    run_agent,
+    run_otlp_tls_proxy,
+    run_rotel,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -134,19 +142,23 @@ def test_otlp_push_through_tls_with_header_and_client_certificate(
 
         # Everything right, with the generic variables or the metrics-only ones: the push arrives, over TLS,
         # with the header, gzip-compressed, and the terminator saw the agent's client certificate.
+        def accepted() -> list[ProxiedRequest]:
+            return [r for r in proxy.requests() if r.port == port and r.status == 200]
+
+        def accepted_beyond(count: int) -> bool:
+            return len(accepted()) > count
+
         for prefix, node in ((GENERIC, "accepted"), (METRICS_ONLY, "accepted-metrics-variables")):
             env = otlp_environment(protocol, proxy, pki, prefix)
+            accepted_before = len(accepted())
             with run_agent(agent_args(tmp_path, machine, node), tmp_path, env, prometheus=False):
                 wait_for(partial(received_from, rotel, node), 30, f"an OTLP export from {node}")
+                # nginx logs a request when its answer has gone back; stopping the agent before that would
+                # leave it logged as 499 (client gone), so wait for a whole exchange while the agent runs.
+                wait_for(partial(accepted_beyond, accepted_before), 30, f"nginx to log a push from {node}")
 
         resource, capacity = wait_for(lambda: rotel.latest("numa.memory.capacity"), 30, "an OTLP export")
-        # nginx writes a request's log line when the request ends, which under load can trail the export
-        accepted = wait_for(
-            lambda: [r for r in proxy.requests() if r.port == port and r.status == 200],
-            10,
-            "nginx to log the accepted pushes",
-        )
-        for request in accepted:
+        for request in accepted():
             assert request.uri == (
                 "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export" if grpc else "/v1/metrics"
             )

@@ -91,6 +91,7 @@ def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
     FAST_PATHS.install()
     assert sorted(FAST_PATHS.installed) == [
         "opentelemetry.exporter.prometheus.sanitize_attribute",
+        "opentelemetry.sdk.metrics._internal._view_instrument_match._ViewInstrumentMatch.collect",
         "opentelemetry.sdk.metrics._internal._view_instrument_match._hash_attributes",
         "opentelemetry.sdk.metrics._internal.instrument._Asynchronous.callback",
         "opentelemetry.sdk.metrics._internal.measurement._clean_attribute_value",
@@ -370,4 +371,152 @@ def test_measurements_are_reused_only_for_the_same_list_of_observations(
     made.clear()
     assert values()["kept"] == [(2, {"a": "x"})]
     assert made == ["kept", "generated", "failing"]
+    provider.shutdown()
+
+
+def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one cumulative reader, an instrument that hands back the same list gets its last points with a
+    new time and nothing consumed; a new list, a second reader, delta temporality and a janitor's forgetting
+    all take the SDK's path, with the SDK's values."""
+    from dataclasses import fields
+
+    from opentelemetry.sdk.metrics import ObservableCounter
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    # the repeated points are made positionally
+    assert [f.name for f in fields(NumberDataPoint)] == [
+        "attributes",
+        "start_time_unix_nano",
+        "time_unix_nano",
+        "value",
+        "exemplars",
+    ]
+    repeated = _ViewInstrumentMatch.__dict__["collect"]
+    sdk_collections: list[str] = []
+
+    def sdk_collect(match: Any, *args: Any) -> Any:
+        sdk_collections.append(match._name)
+        return original(match, *args)
+
+    original = repeated._collect
+    monkeypatch.setattr(repeated, "_collect", sdk_collect)
+    current = {"list": [Observation(5, {"pod": "a"}), Observation(7, {"pod": "b"})]}
+
+    def provider_with(*readers: InMemoryMetricReader) -> MeterProvider:
+        provider = MeterProvider(metric_readers=list(readers))
+        provider.get_meter("guard").create_observable_counter(
+            "c", callbacks=[lambda _options: current["list"]]
+        )
+        return provider
+
+    def points(reader: InMemoryMetricReader) -> list[Any]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        return list(data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points)
+
+    def values(reader: InMemoryMetricReader) -> dict[str, object]:
+        return {str(dict(point.attributes)["pod"]): point.value for point in points(reader)}
+
+    # one cumulative reader: the second collection of the same list repeats the first's points
+    reader = InMemoryMetricReader()
+    provider = provider_with(reader)
+    first = points(reader)
+    second = points(reader)
+    assert sdk_collections == ["c"]
+    assert [(p.attributes, p.start_time_unix_nano, p.value) for p in second] == [
+        (p.attributes, p.start_time_unix_nano, p.value) for p in first
+    ]
+    assert all(b.time_unix_nano > a.time_unix_nano for a, b in zip(first, second, strict=True))
+    current["list"] = [Observation(6, {"pod": "a"}), Observation(7, {"pod": "b"})]
+    assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
+    assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
+    # the janitor forgot a pod's series: the SDK collects again, without it
+    current["list"] = [Observation(6, {"k8s.pod.uid": "a"}), Observation(7, {"k8s.pod.uid": "b"})]
+    points(reader)
+    assert DepartedSeriesJanitor(provider).forget({"a"}.__contains__) == 1
+    sdk_collections.clear()
+    assert [p.value for p in points(reader)] == [6, 7] and sdk_collections == ["c"]
+    provider.shutdown()
+
+    # two readers, or a delta reader: every collection is the SDK's
+    current["list"] = [Observation(5, {"pod": "a"})]
+    first_reader, second_reader = InMemoryMetricReader(), InMemoryMetricReader()
+    provider = provider_with(first_reader, second_reader)
+    sdk_collections.clear()
+    assert values(first_reader) == values(second_reader) == {"a": 5}
+    current["list"] = [Observation(8, {"pod": "a"})]
+    assert values(first_reader) == values(second_reader) == {"a": 8}
+    assert values(first_reader) == values(second_reader) == {"a": 8}
+    assert sdk_collections == ["c"] * 6
+    provider.shutdown()
+    delta = InMemoryMetricReader(preferred_temporality={ObservableCounter: AggregationTemporality.DELTA})
+    provider = provider_with(delta)
+    assert values(delta) == {"a": 8}
+    assert values(delta) == {"a": 0}  # nothing added since
+    provider.shutdown()
+
+
+def test_new_values_for_the_same_attribute_dicts_are_the_sdks_measurements(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new list whose observations keep last time's attribute dicts, in order, gets copies of last time's
+    Measurements with the new values, equal to what the SDK's loop makes; anything else is the SDK's loop."""
+    from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
+    from opentelemetry.sdk.metrics._internal.measurement import Measurement
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    assert "__slots__" not in vars(Measurement)  # copies are made through the instance's __dict__
+    reused = _Asynchronous.__dict__["callback"]
+    sdk_made: list[list[Any]] = []
+
+    def sdk_loop(instrument: Any, options: Any) -> Any:
+        made = list(original(instrument, options))
+        sdk_made.append(made)
+        return made
+
+    original = reused._callback
+    monkeypatch.setattr(reused, "_callback", sdk_loop)
+    a, b = {"pod": "a"}, {"pod": "b"}
+    current = {"list": [Observation(1, a), Observation(2.5, b)]}
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    instrument = provider.get_meter("guard").create_observable_gauge(
+        "g", callbacks=[lambda _options: current["list"]]
+    )
+
+    def measurements() -> list[Any]:
+        return list(reused(instrument, None))
+
+    first = measurements()
+    assert len(sdk_made) == 1
+    current["list"] = [Observation(3, a), Observation(4.5, b)]
+    copies = measurements()
+    assert len(sdk_made) == 1  # no SDK loop
+    assert [(m.value, m.attributes, m.instrument) for m in copies] == [
+        (3, a, instrument),
+        (4.5, b, instrument),
+    ]
+    assert all(type(m) is Measurement for m in copies) and copies[0] is not first[0]
+    assert [(m.value, m.attributes) for m in first] == [(1, a), (2.5, b)]  # last time's are left as they were
+    for other in (
+        [Observation(3, {"pod": "a"}), Observation(4.5, b)],  # another dict
+        [Observation(4.5, b), Observation(3, a)],  # another order
+        [Observation(float("inf"), a), Observation(1, b)],  # non-finite: the SDK drops it and says so
+        [Observation(True, a), Observation(1, b)],  # not a plain number
+    ):
+        current["list"] = other
+        loops = len(sdk_made)
+        made = measurements()
+        assert len(sdk_made) == loops + 1 and made == sdk_made[-1]
+        current["list"] = [Observation(3, a), Observation(4.5, b)]
+        measurements()  # back to a, b for the next case
+    assert "non-finite value inf" in caplog.text
     provider.shutdown()
