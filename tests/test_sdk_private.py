@@ -380,7 +380,7 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
     """With one cumulative reader, an instrument that hands back the same list gets its last points with a
     new time and nothing consumed; a new list, a second reader, delta temporality and a janitor's forgetting
     all take the SDK's path, with the SDK's values."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
     from opentelemetry.sdk.metrics import ObservableCounter
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
@@ -389,7 +389,8 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
-    # the repeated points are made positionally
+    # the repeated points are made through the instance's __dict__
+    assert "__slots__" not in vars(NumberDataPoint)
     assert [f.name for f in fields(NumberDataPoint)] == [
         "attributes",
         "start_time_unix_nano",
@@ -433,6 +434,10 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
         (p.attributes, p.start_time_unix_nano, p.value) for p in first
     ]
     assert all(b.time_unix_nano > a.time_unix_nano for a, b in zip(first, second, strict=True))
+    assert all(type(p) is NumberDataPoint and p.exemplars == [] for p in second)
+    assert second == [
+        replace(p, time_unix_nano=second[0].time_unix_nano) for p in first
+    ]  # dataclass equality
     current["list"] = [Observation(6, {"pod": "a"}), Observation(7, {"pod": "b"})]
     assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
     assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
