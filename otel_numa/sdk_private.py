@@ -214,7 +214,9 @@ class _ReusedMeasurements:
     def __init__(self, callback: Callable[..., Iterable[Any]], unchanged: _UnchangedInstruments) -> None:
         self._callback = callback
         self._unchanged = unchanged
-        self._made: dict[object, tuple[object, list[Any]]] = {}  # instrument -> (observations, measurements)
+        self._made: dict[
+            object, tuple[list[Any], list[Any]]
+        ] = {}  # instrument -> (observations, measurements)
 
     def __get__(self, instrument: Any, owner: type | None = None) -> Any:
         return self if instrument is None else functools.partial(self.__call__, instrument)
@@ -250,16 +252,12 @@ class _ReusedMeasurements:
         return measurements
 
 
-def _measured_anew(observations: object, made: tuple[object, list[Any]]) -> list[Any] | None:
+def _measured_anew(observations: object, made: tuple[list[Any], list[Any]]) -> list[Any] | None:
     """Measurements for ``observations`` when each has the attribute dict of the observation at its place
     last time and a finite number as its value: copies of last time's Measurements with the new values,
     which is what the SDK's loop would make (its time and context serve only exemplars). None otherwise."""
     before, measurements = made
-    if (
-        type(observations) is not list
-        or type(before) is not list
-        or not len(observations) == len(before) == len(measurements)
-    ):
+    if type(observations) is not list or not len(observations) == len(before) == len(measurements):
         return None
     new = object.__new__
     result = []

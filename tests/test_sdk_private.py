@@ -52,6 +52,20 @@ def generations(node: Any, agent: Any) -> Iterator[int]:
         yield generation
 
 
+def calls_to(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[Any, ...]]:
+    """Wraps ``owner.name`` for the test: the wrapped function still runs; the list gets each call's
+    arguments."""
+    calls: list[tuple[Any, ...]] = []
+    original = getattr(owner, name)
+
+    def recorded(*args: Any) -> Any:
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls
+
+
 def test_pins_are_compatible_release_pins_matching_the_installed_versions() -> None:
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for package in PINNED:
@@ -283,14 +297,7 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     from otel_numa.pipeline import build_pipeline
     from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
 
-    written_in: list[str] = []
-
-    def with_new_values(known: Any, family: Any) -> Any:
-        written_in.append(family.name)
-        return write_values(known, family)
-
-    write_values = sdk_private._with_new_values
-    monkeypatch.setattr(sdk_private, "_with_new_values", with_new_values)
+    written_in = calls_to(monkeypatch, sdk_private, "_with_new_values")  # (known, family)
     rendered = install_family_rendering()
     assert isinstance(rendered, RenderedFamilies)
     for encode, original in (
@@ -309,7 +316,7 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
             assert b"numa_container_memory_usage_bytes{" in page
             pages.append(page)
         assert pages[1] != pages[2] != pages[3] != pages[4]
-        assert "numa_container_memory_usage_bytes" in written_in
+        assert "numa_container_memory_usage_bytes" in {family.name for _known, family in written_in}
         pipeline.shutdown(timeout_s=1)
 
 
@@ -324,14 +331,7 @@ def test_measurements_are_reused_only_for_the_same_list_of_observations(
 
     FAST_PATHS.install()
     reused = _Asynchronous.__dict__["callback"]
-    made: list[str] = []
-
-    def sdk_loop(instrument: Any, options: Any) -> Any:
-        made.append(instrument.name)
-        return original(instrument, options)
-
-    original = reused._callback
-    monkeypatch.setattr(reused, "_callback", sdk_loop)
+    sdk_loops = calls_to(monkeypatch, reused, "_callback")  # (instrument, options)
     kept = [Observation(1, {"a": "x"}), Observation(float("nan"), {"a": "nan"})]
     current = {"list": kept}
 
@@ -364,13 +364,13 @@ def test_measurements_are_reused_only_for_the_same_list_of_observations(
     assert first == {"kept": [(1, {"a": "x"})], "generated": [(7, {"g": "y"})]}
     assert "Callback failed for instrument failing" in caplog.text
     assert "non-finite value nan" in caplog.text
-    made.clear()
+    sdk_loops.clear()
     assert values() == first  # the same list: no new Measurements for "kept"
-    assert made == ["generated", "failing"]
+    assert [instrument.name for instrument, _ in sdk_loops] == ["generated", "failing"]
     current["list"] = [Observation(2, {"a": "x"})]
-    made.clear()
+    sdk_loops.clear()
     assert values()["kept"] == [(2, {"a": "x"})]
-    assert made == ["kept", "generated", "failing"]
+    assert [instrument.name for instrument, _ in sdk_loops] == ["kept", "generated", "failing"]
     provider.shutdown()
 
 
@@ -399,14 +399,7 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
         "exemplars",
     ]
     repeated = _ViewInstrumentMatch.__dict__["collect"]
-    sdk_collections: list[str] = []
-
-    def sdk_collect(match: Any, *args: Any) -> Any:
-        sdk_collections.append(match._name)
-        return original(match, *args)
-
-    original = repeated._collect
-    monkeypatch.setattr(repeated, "_collect", sdk_collect)
+    sdk_collects = calls_to(monkeypatch, repeated, "_collect")  # (match, temporality, time)
     current = {"list": [Observation(5, {"pod": "a"}), Observation(7, {"pod": "b"})]}
 
     def provider_with(*readers: InMemoryMetricReader) -> MeterProvider:
@@ -429,7 +422,7 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
     provider = provider_with(reader)
     first = points(reader)
     second = points(reader)
-    assert sdk_collections == ["c"]
+    assert len(sdk_collects) == 1
     assert [(p.attributes, p.start_time_unix_nano, p.value) for p in second] == [
         (p.attributes, p.start_time_unix_nano, p.value) for p in first
     ]
@@ -439,26 +432,26 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
         replace(p, time_unix_nano=second[0].time_unix_nano) for p in first
     ]  # dataclass equality
     current["list"] = [Observation(6, {"pod": "a"}), Observation(7, {"pod": "b"})]
-    assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
-    assert values(reader) == {"a": 6, "b": 7} and sdk_collections == ["c", "c"]
+    assert values(reader) == {"a": 6, "b": 7} and len(sdk_collects) == 2
+    assert values(reader) == {"a": 6, "b": 7} and len(sdk_collects) == 2
     # the janitor forgot a pod's series: the SDK collects again, without it
     current["list"] = [Observation(6, {"k8s.pod.uid": "a"}), Observation(7, {"k8s.pod.uid": "b"})]
     points(reader)
     assert DepartedSeriesJanitor(provider).forget({"a"}.__contains__) == 1
-    sdk_collections.clear()
-    assert [p.value for p in points(reader)] == [6, 7] and sdk_collections == ["c"]
+    sdk_collects.clear()
+    assert [p.value for p in points(reader)] == [6, 7] and len(sdk_collects) == 1
     provider.shutdown()
 
     # two readers, or a delta reader: every collection is the SDK's
     current["list"] = [Observation(5, {"pod": "a"})]
     first_reader, second_reader = InMemoryMetricReader(), InMemoryMetricReader()
     provider = provider_with(first_reader, second_reader)
-    sdk_collections.clear()
+    sdk_collects.clear()
     assert values(first_reader) == values(second_reader) == {"a": 5}
     current["list"] = [Observation(8, {"pod": "a"})]
     assert values(first_reader) == values(second_reader) == {"a": 8}
     assert values(first_reader) == values(second_reader) == {"a": 8}
-    assert sdk_collections == ["c"] * 6
+    assert len(sdk_collects) == 6
     provider.shutdown()
     delta = InMemoryMetricReader(preferred_temporality={ObservableCounter: AggregationTemporality.DELTA})
     provider = provider_with(delta)
@@ -480,15 +473,7 @@ def test_new_values_for_the_same_attribute_dicts_are_the_sdks_measurements(
     FAST_PATHS.install()
     assert "__slots__" not in vars(Measurement)  # copies are made through the instance's __dict__
     reused = _Asynchronous.__dict__["callback"]
-    sdk_made: list[list[Any]] = []
-
-    def sdk_loop(instrument: Any, options: Any) -> Any:
-        made = list(original(instrument, options))
-        sdk_made.append(made)
-        return made
-
-    original = reused._callback
-    monkeypatch.setattr(reused, "_callback", sdk_loop)
+    sdk_loops = calls_to(monkeypatch, reused, "_callback")
     a, b = {"pod": "a"}, {"pod": "b"}
     current = {"list": [Observation(1, a), Observation(2.5, b)]}
     reader = InMemoryMetricReader()
@@ -501,26 +486,29 @@ def test_new_values_for_the_same_attribute_dicts_are_the_sdks_measurements(
         return list(reused(instrument, None))
 
     first = measurements()
-    assert len(sdk_made) == 1
+    assert len(sdk_loops) == 1
     current["list"] = [Observation(3, a), Observation(4.5, b)]
     copies = measurements()
-    assert len(sdk_made) == 1  # no SDK loop
+    assert len(sdk_loops) == 1  # no SDK loop
     assert [(m.value, m.attributes, m.instrument) for m in copies] == [
         (3, a, instrument),
         (4.5, b, instrument),
     ]
     assert all(type(m) is Measurement for m in copies) and copies[0] is not first[0]
     assert [(m.value, m.attributes) for m in first] == [(1, a), (2.5, b)]  # last time's are left as they were
-    for other in (
-        [Observation(3, {"pod": "a"}), Observation(4.5, b)],  # another dict
-        [Observation(4.5, b), Observation(3, a)],  # another order
-        [Observation(float("inf"), a), Observation(1, b)],  # non-finite: the SDK drops it and says so
-        [Observation(True, a), Observation(1, b)],  # not a plain number
+    for other, expected in (
+        ([Observation(3, {"pod": "a"}), Observation(4.5, b)], [(3, {"pod": "a"}), (4.5, b)]),  # another dict
+        ([Observation(4.5, b), Observation(3, a)], [(4.5, b), (3, a)]),  # another order
+        # non-finite: the SDK drops it and says so
+        ([Observation(float("inf"), a), Observation(1, b)], [(1, b)]),
+        ([Observation(True, a), Observation(1, b)], [(True, a), (1, b)]),  # not a plain number
     ):
         current["list"] = other
-        loops = len(sdk_made)
+        loops = len(sdk_loops)
         made = measurements()
-        assert len(sdk_made) == loops + 1 and made == sdk_made[-1]
+        assert len(sdk_loops) == loops + 1  # the SDK's loop, once
+        assert [(m.value, m.attributes) for m in made] == expected
+        assert all(type(m) is Measurement for m in made)
         current["list"] = [Observation(3, a), Observation(4.5, b)]
         measurements()  # back to a, b for the next case
     assert "non-finite value inf" in caplog.text
