@@ -238,6 +238,13 @@ class _ReusedMeasurements:
             self._unchanged.hand_over(instrument, made[1])
             return made[1]
         measurements = _measured_anew(observations, made) if made is not None else None
+        if (
+            measurements is not None
+            and made is not None
+            and self._unchanged.revalue(instrument, made[1], measurements)
+        ):
+            self._made[instrument] = (observations, measurements)
+            return ()
         if measurements is None:
             # the SDK's loop over these observations; collections run one at a time (the SDK's consumer lock)
             instrument._callbacks = [lambda _options: observations]
@@ -289,6 +296,23 @@ class _Collected:
     match: object  # the SDK's view-instrument match that made them
     aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
     points: list[tuple[Any, Any, Any]]  # (attributes, start time, value) per data point
+    # for each point, the place of its Measurement in ``measurements``, once asked for (:meth:`order`);
+    # an empty tuple when the points are not one per Measurement
+    places: tuple[int, ...] | None = None
+
+    def order(self, key_of: Callable[[Any], Any]) -> tuple[int, ...]:
+        """Where each point's Measurement is, found by the SDK's own attribute-set key (the points' order
+        is the SDK's aggregations', not the observations'). Empty when a Measurement made no point of its
+        own (an attribute set twice, a view that drops keys, the cardinality limit's overflow point)."""
+        if self.places is None:
+            places: dict[Any, int] = {}
+            measurements: Any = self.measurements
+            for place, measurement in enumerate(measurements):
+                places.setdefault(key_of(measurement.attributes), place)
+            found = tuple(places.get(key_of(attributes), -1) for attributes, _start, _value in self.points)
+            whole = len(places) == len(measurements) == len(found) and -1 not in found
+            self.places = found if whole else ()
+        return self.places
 
 
 class _UnchangedInstruments:
@@ -298,7 +322,8 @@ class _UnchangedInstruments:
     points are made from the last ones instead; with more readers, each has its own aggregations and the
     SDK's path is taken."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_of: Callable[[Any], Any]) -> None:
+        self.key_of = key_of  # the SDK's attribute-set key
         self.handed: dict[object, object] = {}  # instrument -> Measurements handed over in this collection
         self.repeating: dict[object, _Collected] = {}  # instrument -> points to repeat in this collection
         self.last: weakref.WeakKeyDictionary[object, _Collected] = weakref.WeakKeyDictionary()
@@ -309,23 +334,54 @@ class _UnchangedInstruments:
 
     def repeat(self, instrument: Any, measurements: object) -> bool:
         """Whether ``instrument``'s last points stand for ``measurements``; if so they are repeated."""
+        last = self._collected_from(instrument, measurements)
+        if last is None:
+            return False
+        self._repeat(instrument, last)
+        return True
+
+    def revalue(self, instrument: Any, before: object, measurements: list[Any]) -> bool:
+        """Whether ``instrument``'s last points were made from ``before``, one point per Measurement, and
+        ``measurements`` are those with new values (:func:`_measured_anew`); if so, the last points with the
+        new values stand for this collection. That is what consuming them would give: an asynchronous
+        instrument's cumulative sum or gauge keeps no value between collections, only its start time."""
+        last = self._collected_from(instrument, before)
+        if last is None:
+            return False
+        order = last.order(self.key_of)
+        if not order:
+            return False
+        points = [
+            (attributes, start, measurements[place].value)
+            for (attributes, start, _value), place in zip(last.points, order, strict=True)
+        ]
+        collected = _Collected(measurements, last.match, last.aggregations, points, order)
+        self.last[instrument] = collected
+        self._repeat(instrument, collected)
+        return True
+
+    def _collected_from(self, instrument: Any, measurements: object) -> _Collected | None:
+        """The instrument's last points, when they were made from ``measurements`` by its only view of the
+        provider's only reader, whose aggregations the janitor has not replaced since."""
         last = self.last.get(instrument)
         if (
             last is None
             or last.measurements is not measurements
             or getattr(last.match, "_attributes_aggregation", None) is not last.aggregations
         ):
-            return False
+            return None
         storages = getattr(getattr(instrument, "_measurement_consumer", None), "_reader_storages", None)
         if not isinstance(storages, dict) or len(storages) != 1:
-            return False
+            return None
         (storage,) = storages.values()
         matches = getattr(storage, "_instrument_view_instrument_matches", {}).get(instrument)
         if not isinstance(matches, list) or len(matches) != 1 or matches[0] is not last.match:
-            return False
+            return None
+        return last
+
+    def _repeat(self, instrument: object, collected: _Collected) -> None:
         self.handed.pop(instrument, None)
-        self.repeating[instrument] = last
-        return True
+        self.repeating[instrument] = collected
 
 
 class _RepeatedPoints:
@@ -405,7 +461,7 @@ class FastPaths:
         self._replace(measurement, "_clean_attribute_value", _FlatAttributesKept)
         self._replace(match, "_hash_attributes", _CompactAttributeKeys)
         instrument = importlib.import_module(_INSTRUMENT_MODULE)
-        unchanged = _UnchangedInstruments()
+        unchanged = _UnchangedInstruments(match._hash_attributes)
         if self._replace(instrument._Asynchronous, "callback", lambda f: _ReusedMeasurements(f, unchanged)):
             self._replace(match._ViewInstrumentMatch, "collect", lambda f: _RepeatedPoints(f, unchanged))
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))

@@ -513,3 +513,87 @@ def test_new_values_for_the_same_attribute_dicts_are_the_sdks_measurements(
         measurements()  # back to a, b for the next case
     assert "non-finite value inf" in caplog.text
     provider.shutdown()
+
+
+def test_new_values_for_the_same_series_are_the_sdks_points_without_its_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one cumulative reader, a new list with last time's attribute dicts in place gives the SDK's
+    points (its order, start times, the new values) without the SDK consuming or collecting; a list where
+    one attribute set appears twice, and a view that drops attribute keys, take the SDK's path."""
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+    from opentelemetry.sdk.metrics.view import View
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    sdk_collects = calls_to(monkeypatch, _ViewInstrumentMatch.__dict__["collect"], "_collect")
+    a, b, c = {"pod": "a", "x": "1"}, {"pod": "b", "x": "1"}, {"pod": "c", "x": "1"}
+    current = {"list": [Observation(1, b), Observation(2, c)]}
+
+    def provider_with(*readers: InMemoryMetricReader, views: tuple[View, ...] = ()) -> MeterProvider:
+        provider = MeterProvider(metric_readers=list(readers), views=list(views))
+        meter = provider.get_meter("guard")
+        meter.create_observable_counter("c", callbacks=[lambda _options: current["list"]])
+        meter.create_observable_gauge("g", callbacks=[lambda _options: current["list"]])
+        return provider
+
+    def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[Any, ...]]]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        return {
+            metric.name: [
+                (dict(p.attributes), p.value, p.start_time_unix_nano, p.time_unix_nano)
+                for p in metric.data.data_points
+            ]
+            for metric in data.resource_metrics[0].scope_metrics[0].metrics
+        }
+
+    def without_times(collected: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+        return {name: [point[:2] for point in series] for name, series in collected.items()}
+
+    one = InMemoryMetricReader()
+    # the SDK's own path on every collection: a provider with two readers
+    sdk, other = InMemoryMetricReader(), InMemoryMetricReader()
+    providers = [provider_with(one), provider_with(sdk, other)]
+    first = points(one)
+    points(sdk), points(other)
+    current["list"] = [Observation(3, a), Observation(4, b), Observation(5, c)]  # a new series, listed first
+    second = points(one)
+    points(sdk), points(other)
+    collects = len(sdk_collects)
+    current["list"] = [Observation(6, a), Observation(7.5, b), Observation(8, c)]
+    third = points(one)
+    assert len(sdk_collects) == collects  # nothing collected by the SDK for the reader alone
+    assert without_times(third) == without_times(points(sdk))
+    # the SDK's order (its aggregations': a came last) with last time's start times and a new time
+    assert [point[:3] for point in third["c"]] == [
+        (b, 7.5, first["c"][0][2]),
+        (c, 8, first["c"][1][2]),
+        (a, 6, second["c"][2][2]),
+    ]
+    assert [point[2] for point in third["g"]] == [None, None, None]
+    assert all(now[3] > before[3] for now, before in zip(third["c"], second["c"], strict=True))
+    collects = len(sdk_collects)
+    assert without_times(points(one)) == without_times(third) and len(sdk_collects) == collects  # repeated
+
+    # one attribute set twice: the counter sums them, so the SDK collects
+    current["list"] = [Observation(1, a), Observation(2, a)]
+    assert without_times(points(one))["c"] == [(a, 3)]
+    collects = len(sdk_collects)
+    current["list"] = [Observation(5, a), Observation(6, a)]
+    assert without_times(points(one)) == {"c": [(a, 11)], "g": [(a, 6)]}
+    assert len(sdk_collects) == collects + 2
+    for provider in providers:
+        provider.shutdown()
+
+    # a view that keeps only "pod": its points are not one per attribute dict, so the SDK collects
+    current["list"] = [Observation(1, a), Observation(2, b)]
+    kept = InMemoryMetricReader()
+    provider = provider_with(kept, views=(View(instrument_name="c", attribute_keys={"pod"}),))
+    points(kept)
+    collects = len(sdk_collects)
+    current["list"] = [Observation(3, a), Observation(4, b)]
+    assert without_times(points(kept))["c"] == [({"pod": "a"}, 3), ({"pod": "b"}, 4)]
+    assert len(sdk_collects) == collects + 1  # the counter's; the gauge's view keeps every key
+    provider.shutdown()
