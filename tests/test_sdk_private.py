@@ -541,13 +541,13 @@ def test_new_values_for_the_same_series_are_the_sdks_points_without_its_collecti
     def points(reader: InMemoryMetricReader) -> dict[str, list[tuple[Any, ...]]]:
         data = reader.get_metrics_data()
         assert data is not None
-        return {
-            metric.name: [
-                (dict(p.attributes), p.value, p.start_time_unix_nano, p.time_unix_nano)
-                for p in metric.data.data_points
+        found: dict[str, list[tuple[Any, ...]]] = {}
+        for metric in data.resource_metrics[0].scope_metrics[0].metrics:
+            number_points: list[Any] = list(metric.data.data_points)
+            found[metric.name] = [
+                (dict(p.attributes), p.value, p.start_time_unix_nano, p.time_unix_nano) for p in number_points
             ]
-            for metric in data.resource_metrics[0].scope_metrics[0].metrics
-        }
+        return found
 
     def without_times(collected: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
         return {name: [point[:2] for point in series] for name, series in collected.items()}
