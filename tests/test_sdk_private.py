@@ -163,12 +163,14 @@ def test_reused_translations_equal_the_exporters_own(tmp_path: Path, monkeypatch
     series come and go."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.samples import Sample
 
     from otel_numa import sdk_private
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
     from otel_numa.sdk_private import speed_up_prometheus_reader
 
+    assert Sample._fields[:3] == ("name", "labels", "value")  # new samples are made positionally
     node, agent = small_node(tmp_path / "node")
     fast_registry, plain_registry = CollectorRegistry(), CollectorRegistry()
     fast = PrometheusMetricReader(registry=fast_registry, disable_target_info=True)

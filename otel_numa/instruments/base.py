@@ -37,30 +37,35 @@ class Instruments:
         cache: tuple[object, list[Observation]] = (no_part, [])
 
         previous_series: dict[tuple[object, ...], Attributes] = {}
+        previous: list[Observation] = []
         key_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}  # one per attribute layout, shared
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            nonlocal cache, previous_series
+            nonlocal cache, previous_series, previous
             try:
                 snapshot = store.current()
                 key = part(snapshot) if part is not None else no_part
                 cached_key, cached = cache  # one tuple: a concurrent reader sees a whole pair
                 if key is cached_key and key is not no_part:
                     return cached
-                observations: list[Observation] = []
-                series: dict[tuple[object, ...], Attributes] = {}
-                for value, attributes in observe(snapshot):
-                    if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
-                        continue
-                    # the same dict object for a series as long as it exists, whatever its value
-                    identity: tuple[object, ...] = ()
-                    if attributes:
-                        keys = tuple(attributes)
-                        identity = (key_tuples.setdefault(keys, keys), tuple(attributes.values()))
-                    stable = previous_series.get(identity, attributes)
-                    series[identity] = stable
-                    observations.append(Observation(value, stable))
-                previous_series = series
+                points = list(observe(snapshot))
+                observations = _same_series_in_place(points, previous)
+                if observations is None:
+                    observations = []
+                    series: dict[tuple[object, ...], Attributes] = {}
+                    for value, attributes in points:
+                        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                            continue
+                        # the same dict object for a series as long as it exists, whatever its value
+                        identity: tuple[object, ...] = ()
+                        if attributes:
+                            keys = tuple(attributes)
+                            identity = (key_tuples.setdefault(keys, keys), tuple(attributes.values()))
+                        stable = previous_series.get(identity, attributes)
+                        series[identity] = stable
+                        observations.append(Observation(value, stable))
+                    previous_series = series
+                previous = observations
                 if part is not None:
                     cache = (key, observations)
                 return observations
@@ -77,3 +82,20 @@ class Instruments:
             "counter": self._meter.create_observable_counter,
         }[spec.kind]
         create(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+
+def _same_series_in_place(points: list[Point], previous: list[Observation]) -> list[Observation] | None:
+    """Observations for ``points`` when they are last time's series in last time's order (new values, as
+    after a cgroup round): each keeps the attribute dict of the observation at its place, found by one
+    comparison instead of a lookup by identity. ``None`` when any series differs."""
+    if len(points) != len(previous):
+        return None
+    observations = []
+    for (value, attributes), before in zip(points, previous, strict=True):
+        stable = before.attributes
+        if (attributes is not stable and attributes != stable) or (
+            type(value) is int and not INT64_MIN <= value <= INT64_MAX
+        ):
+            return None
+        observations.append(Observation(value, stable))
+    return observations
