@@ -128,6 +128,26 @@ def test_list_pods_reports_cpus_devices_and_memory_with_numa_ids(server: PodReso
     client.close()
 
 
+def test_the_same_answer_gives_the_same_pods_and_a_new_one_is_read_anew(server: PodResourcesServer) -> None:
+    def pod(name: str, cpus: list[int]) -> pb.PodResources:
+        return pb.PodResources(
+            name=name, namespace="ns", containers=[pb.ContainerResources(name="c", cpu_ids=cpus)]
+        )
+
+    server.state.pods = [pod("a", [1, 2]), pod("b", [3])]
+    client = PodResourcesClient(server.socket_path)
+    first = client.list_pods()
+    assert client.list_pods() is first  # one comparison of the answer's bytes, nothing built again
+    server.state.pods = [pod("a", [1, 2]), pod("b", [3, 4])]  # one CPU more for b
+    changed = client.list_pods()
+    assert changed is not first and changed[1].containers[0].cpu_ids == frozenset({3, 4})
+    server.state.pods = []
+    assert client.list_pods() == ()
+    server.state.pods = [pod("a", [1, 2]), pod("b", [3])]
+    assert client.list_pods() == first
+    client.close()
+
+
 def test_allocatable_reports_cpus_devices_and_memory(server: PodResourcesServer) -> None:
     server.state.allocatable = pb.AllocatableResourcesResponse(
         cpu_ids=[2, 3, 4, 5, 34, 35],
