@@ -95,7 +95,7 @@ class Pipeline:
     def forget_departed(self, live_pods: frozenset[str]) -> None:
         """Drop the SDK's state for series of pods not in ``live_pods`` (see otel_numa.sdk_private)."""
         if self.janitor is not None:
-            self.janitor.forget(live_pods.__contains__)
+            self.janitor.forget(live_pods)
 
     def push(self, timeout_s: float = 5.0) -> None:
         """Export one collection to every push exporter."""

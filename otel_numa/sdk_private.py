@@ -55,6 +55,11 @@ class DepartedSeriesJanitor:
     def __init__(self, provider: MeterProvider) -> None:
         self._provider = provider
         self._warned = False
+        # per view-instrument match, its aggregations when they were all of live pods, and how many there
+        # were: the SDK only ever adds to that dict, so while it and the live pods stay the same, only a
+        # longer dict has anything to forget
+        self._live: frozenset[str] = frozenset()
+        self._all_live: weakref.WeakKeyDictionary[Any, tuple[object, int]] = weakref.WeakKeyDictionary()
 
     @property
     def supported(self) -> bool:
@@ -75,8 +80,12 @@ class DepartedSeriesJanitor:
                         return False
         return not self._warned
 
-    def forget(self, is_live: Callable[[str], bool]) -> int:
-        """Forget every attribute set whose ``k8s.pod.uid`` is not live; returns how many were forgotten."""
+    def forget(self, live_pods: frozenset[str]) -> int:
+        """Forget every attribute set whose ``k8s.pod.uid`` is not in ``live_pods``; returns how many were
+        forgotten."""
+        if live_pods != self._live:
+            self._live = live_pods
+            self._all_live.clear()
         consumer = getattr(self._provider, "_measurement_consumer", None)
         lock = getattr(consumer, "_lock", None)
         storages = getattr(consumer, "_reader_storages", None)
@@ -92,10 +101,10 @@ class DepartedSeriesJanitor:
                     return forgotten
                 for matches in list(matches_by_instrument.values()):
                     for match in matches:
-                        forgotten += self._forget_in(match, is_live)
+                        forgotten += self._forget_in(match, live_pods)
         return forgotten
 
-    def _forget_in(self, match: Any, is_live: Callable[[str], bool]) -> int:
+    def _forget_in(self, match: Any, live_pods: frozenset[str]) -> int:
         aggregations = getattr(match, "_attributes_aggregation", None)
         match_lock = getattr(match, "_lock", None)
         if not isinstance(aggregations, dict) or match_lock is None:
@@ -103,18 +112,21 @@ class DepartedSeriesJanitor:
             return 0
         with match_lock:
             aggregations = match._attributes_aggregation
+            if self._all_live.get(match) == (aggregations, len(aggregations)):
+                return 0
             kept = {}
             for key, aggregation in aggregations.items():
                 attributes = getattr(aggregation, "_attributes", None)
                 uid = attributes.get(POD_UID) if isinstance(attributes, dict) else None
-                if not isinstance(uid, str) or is_live(uid):
+                if not isinstance(uid, str) or uid in live_pods:
                     kept[key] = aggregation
-            if len(kept) == len(aggregations):
-                return 0
-            # a new dict swapped in whole: a reader that looks an aggregation up without the lock sees one or
-            # the other, never a dict being changed
-            match._attributes_aggregation = kept
-            return len(aggregations) - len(kept)
+            forgotten = len(aggregations) - len(kept)
+            if forgotten:
+                # a new dict swapped in whole: a reader that looks an aggregation up without the lock sees one
+                # or the other, never a dict being changed
+                match._attributes_aggregation = kept
+            self._all_live[match] = (match._attributes_aggregation, len(kept))
+            return forgotten
 
     def _unsupported(self, why: str) -> None:
         if not self._warned:

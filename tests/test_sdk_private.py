@@ -88,7 +88,13 @@ def test_the_janitor_finds_the_sdk_shape_it_needs_and_forgets_only_departed_pods
     janitor = DepartedSeriesJanitor(provider)
     assert janitor.supported
     pods.discard("gone")
-    assert janitor.forget({"alive"}.__contains__) == 1
+    assert janitor.forget(frozenset({"alive"})) == 1
+    assert janitor.forget(frozenset({"alive"})) == 0
+    pods.add("late")  # a series of a pod that is not live, made after the last forgetting
+    reader.collect()
+    assert janitor.forget(frozenset({"alive"})) == 1
+    pods.discard("late")
+    assert janitor.forget(frozenset()) == 1  # other live pods: everything is looked at again
     assert janitor.supported
     provider.shutdown()
 
@@ -439,7 +445,7 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
     # the janitor forgot a pod's series: the SDK collects again, without it
     current["list"] = [Observation(6, {"k8s.pod.uid": "a"}), Observation(7, {"k8s.pod.uid": "b"})]
     points(reader)
-    assert DepartedSeriesJanitor(provider).forget({"a"}.__contains__) == 1
+    assert DepartedSeriesJanitor(provider).forget(frozenset({"a"})) == 1
     sdk_collects.clear()
     assert [p.value for p in points(reader)] == [6, 7] and len(sdk_collects) == 1
     provider.shutdown()
