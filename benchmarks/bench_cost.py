@@ -105,8 +105,10 @@ class Budget:
     max_cycles: int
 
 
+# idle CPU counts for a whole minute in the share of a core, so it gets a window long enough that one
+# stray timer does not move it
 FULL = Budget(
-    scrapes_s=14, cycles_s=40, idle_s=3, min_scrapes=12, max_scrapes=200, min_cycles=6, max_cycles=40
+    scrapes_s=14, cycles_s=40, idle_s=10, min_scrapes=12, max_scrapes=200, min_cycles=6, max_cycles=40
 )
 QUICK = Budget(scrapes_s=0, cycles_s=0, idle_s=0.5, min_scrapes=3, max_scrapes=3, min_cycles=2, max_cycles=2)
 
