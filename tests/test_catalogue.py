@@ -91,6 +91,8 @@ def test_the_serving_process_loads_neither_pydantic_nor_an_unneeded_grpc(tmp_pat
         maps = _mapped_files(agent.process.pid)
         cmdline = Path(f"/proc/{agent.process.pid}/cmdline").read_bytes().split(b"\0")
         assert b"otel_numa.serve" in cmdline  # the same PID, exec'ed into the serving module
+        environment = Path(f"/proc/{agent.process.pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" in environment  # two malloc arenas, from the program's start
         assert "pydantic_core" not in maps
         assert "cygrpc" not in maps
         assert http_get(f"http://127.0.0.1:{agent.prometheus_port}/metrics")[0] == 200
