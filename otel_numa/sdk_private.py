@@ -864,16 +864,22 @@ def _point_count(request: Any) -> int:
     )
 
 
+_CUMULATIVE = 2  # AGGREGATION_TEMPORALITY_CUMULATIVE in OTLP's metrics.proto
+
+
 def _write_values(request: Any, points: list[Any]) -> None:
     sdk_points = iter(points)
     for resource_metrics in request.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 is_sum = metric.WhichOneof("data") == "sum"
+                # A cumulative point with the same attribute dict comes from the same SDK aggregation (a
+                # new one copies the attributes into a dict of its own), whose start time never moves.
+                restarts = is_sum and metric.sum.aggregation_temporality != _CUMULATIVE
                 for encoded in metric.sum.data_points if is_sum else metric.gauge.data_points:
                     point = next(sdk_points)
                     encoded.time_unix_nano = point.time_unix_nano
-                    if is_sum:
+                    if restarts:
                         encoded.start_time_unix_nano = point.start_time_unix_nano
                     if isinstance(point.value, int):
                         encoded.as_int = point.value

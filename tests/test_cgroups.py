@@ -94,6 +94,8 @@ def test_real_numa_stat_parses_like_an_independent_reading(tmp_path: Path) -> No
         assert set(parsed) == set(lines)
         for kind, line in lines.items():
             assert parsed[kind] == _simple_pairs(line)
+        wanted = {"anon", "file", "unevictable", "no_such_type"}
+        assert parse_numa_stat_v2(text, wanted) == {k: v for k, v in parsed.items() if k in wanted}
     assert parsed, "a real numa_stat has at least one type"
 
 
@@ -173,6 +175,17 @@ def test_v2_numa_stat_documented_format_any_order_and_new_keys() -> None:
         "shmem": {0: 0, 1: 4096},
         "anon_thp": {0: 0, 1: 2097152},
     }
+
+
+def test_v2_wanted_types_only_first_last_and_prefixed_lines_apart() -> None:
+    text = (
+        "anon N0=1 N1=2\nanon_thp N0=3\nfile_mapped N1=4\nshmem N0=oops\nfile N0=5 N1=6"  # no final newline
+    )
+    assert parse_numa_stat_v2(text, ("file", "anon")) == {"anon": {0: 1, 1: 2}, "file": {0: 5, 1: 6}}
+    assert parse_numa_stat_v2(text, ("anon_thp",)) == {"anon_thp": {0: 3}}
+    assert parse_numa_stat_v2(text, ("unevictable",)) == {}
+    with pytest.raises(SourceCorrupt):  # a damaged line is found when it is wanted
+        parse_numa_stat_v2(text, ("shmem",))
 
 
 def test_v2_sparse_node_ids() -> None:

@@ -257,6 +257,8 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(tmp_path: Path) -
     import sys
 
     from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics import ObservableCounter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
 
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
@@ -270,26 +272,28 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(tmp_path: Path) -
         __import__(name)
     assert all(reuse_otlp_requests(protocol) for protocol in modules)
     FAST_PATHS.install()
-    node, agent = small_node(tmp_path / "node")
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    names = [spec.name for spec in METRICS if spec.group.value != "compat"]
-    register_instruments(provider.get_meter("t"), agent.store, names, "n")
     encode = sys.modules[modules["grpc"]].encode_metrics
-    requests = []
-    for generation in generations(node, agent):
-        with agent.store.pinned():
-            data = reader.get_metrics_data()
-        assert data is not None
-        request = encode(data)
-        assert request == encode_metrics(data), generation
-        assert b"numa.container.memory.usage" in request.SerializeToString()
-        requests.append((request, request.SerializeToString()))
-    reused = requests[1][0]  # a copy of the first push's request, reused while the series are the same
-    assert reused is not requests[0][0] and requests[2][0] is reused and requests[3][0] is reused
-    assert requests[2][1] != requests[3][1]  # with the new values written in
-    assert requests[4][0] is not reused  # other series: encoded anew
-    provider.shutdown()
+    for temporality in (AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA):
+        # delta sums start anew at every push: their start times are written in too
+        node, agent = small_node(tmp_path / temporality.name)
+        reader = InMemoryMetricReader(preferred_temporality={ObservableCounter: temporality})
+        provider = MeterProvider(metric_readers=[reader])
+        names = [spec.name for spec in METRICS if spec.group.value != "compat"]
+        register_instruments(provider.get_meter("t"), agent.store, names, "n")
+        requests = []
+        for generation in generations(node, agent):
+            with agent.store.pinned():
+                data = reader.get_metrics_data()
+            assert data is not None
+            request = encode(data)
+            assert request == encode_metrics(data), (temporality, generation)
+            assert b"numa.container.memory.usage" in request.SerializeToString()
+            requests.append((request, request.SerializeToString()))
+        reused = requests[1][0]  # a copy of the first push's request, reused while the series are the same
+        assert reused is not requests[0][0] and requests[2][0] is reused and requests[3][0] is reused
+        assert requests[2][1] != requests[3][1]  # with the new values written in
+        assert requests[4][0] is not reused  # other series: encoded anew
+        provider.shutdown()
 
 
 def test_pages_with_new_values_written_in_are_the_libraries_pages(
