@@ -209,7 +209,7 @@ def build_pipeline(
     """Create the readers named by ``exporters`` (default: the options') and register the instruments."""
     export = options.export
     names = exporters if exporters is not None else export.exporters
-    FAST_PATHS.install()
+    FAST_PATHS.install(own_meter=METER_NAME)
     push_exporters: list[MetricExporter] = []
     if "otlp" in names:
         push_exporters.append(otlp_exporter_factory(export))

@@ -447,6 +447,43 @@ class _RepeatedPoints:
         return points
 
 
+class _SharedAttributeDicts:
+    """Stands in for ``_ViewInstrumentMatch.consume_measurement``. The SDK copies a measurement's attribute
+    dict on every measurement, because a caller may change it later, and a new series' aggregation keeps
+    the copy for life. The agent's own instruments (its meter's, ``own_meters``) hand one flat dict per
+    series that nothing ever changes (otel_numa.instruments.base), so a new series' aggregation keeps
+    that dict: a dict less per series. Any other meter, a view that keeps only some attribute keys, or a
+    match that starts afresh at every collection takes the SDK's path."""
+
+    def __init__(
+        self, consume: Callable[..., Any], own_meters: set[str], key_of: Callable[[Any], Any]
+    ) -> None:
+        self._consume = consume
+        self._own_meters = own_meters
+        self._key_of = key_of
+
+    def __get__(self, match: Any, owner: type | None = None) -> Any:
+        return self if match is None else functools.partial(self.__call__, match)
+
+    def __call__(self, match: Any, measurement: Any, should_sample_exemplar: bool = True) -> None:
+        attributes = measurement.attributes
+        if (
+            type(attributes) is not dict
+            or not attributes
+            or match._view._attribute_keys is not None
+            or match._reset_on_collect
+            or measurement.instrument.instrumentation_scope.name not in self._own_meters
+        ):
+            self._consume(match, measurement, should_sample_exemplar)
+            return
+        key = self._key_of(attributes)
+        aggregation = match._attributes_aggregation.get(key)
+        if aggregation is None:
+            with match._lock:
+                aggregation = match._get_or_create_aggregation(key, attributes)
+        aggregation.aggregate(measurement, should_sample_exemplar)
+
+
 class _Raising:
     def __init__(self, error: Exception) -> None:
         self._error = error
@@ -460,8 +497,11 @@ class FastPaths:
 
     def __init__(self) -> None:
         self.installed: list[str] = []
+        self.own_meters: set[str] = set()  # meters whose instruments hand attribute dicts nothing changes
 
-    def install(self) -> None:
+    def install(self, own_meter: str | None = None) -> None:
+        if own_meter is not None:
+            self.own_meters.add(own_meter)
         if self.installed:
             return
         import importlib
@@ -476,6 +516,11 @@ class FastPaths:
         unchanged = _UnchangedInstruments(match._hash_attributes)
         if self._replace(instrument._Asynchronous, "callback", lambda f: _ReusedMeasurements(f, unchanged)):
             self._replace(match._ViewInstrumentMatch, "collect", lambda f: _RepeatedPoints(f, unchanged))
+        self._replace(
+            match._ViewInstrumentMatch,
+            "consume_measurement",
+            lambda f: _SharedAttributeDicts(f, self.own_meters, match._hash_attributes),
+        )
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))
 

@@ -112,6 +112,7 @@ def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
     assert sorted(FAST_PATHS.installed) == [
         "opentelemetry.exporter.prometheus.sanitize_attribute",
         "opentelemetry.sdk.metrics._internal._view_instrument_match._ViewInstrumentMatch.collect",
+        "opentelemetry.sdk.metrics._internal._view_instrument_match._ViewInstrumentMatch.consume_measurement",
         "opentelemetry.sdk.metrics._internal._view_instrument_match._hash_attributes",
         "opentelemetry.sdk.metrics._internal.instrument._Asynchronous.callback",
         "opentelemetry.sdk.metrics._internal.measurement._clean_attribute_value",
@@ -608,4 +609,46 @@ def test_new_values_for_the_same_series_are_the_sdks_points_without_its_collecti
     current["list"] = [Observation(3, a), Observation(4, b)]
     assert without_times(points(kept))["c"] == [({"pod": "a"}, 3), ({"pod": "b"}, 4)]
     assert len(sdk_collects) == collects + 1  # the counter's; the gauge's view keeps every key
+    provider.shutdown()
+
+
+def test_the_agents_own_series_keep_their_attribute_dict_in_the_sdk_and_others_get_a_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new series of the agent's meter: the SDK's aggregation keeps the observation's dict itself (the
+    agent never changes it); another meter's series, and a view that keeps only some keys, get the SDK's
+    copy. The values are the SDK's either way."""
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+    from opentelemetry.sdk.metrics.view import View
+
+    from otel_numa.pipeline import METER_NAME
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install(own_meter=METER_NAME)
+    sdk_consumes = calls_to(monkeypatch, _ViewInstrumentMatch.__dict__["consume_measurement"], "_consume")
+    a, b = {"pod": "a", "x": "1"}, {"pod": "b", "x": "1"}
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader], views=[View(instrument_name="*.kept", attribute_keys={"pod"})]
+    )
+    for meter_name in (METER_NAME, "someone-else"):
+        meter = provider.get_meter(meter_name)
+        for name in ("g", "kept"):
+            meter.create_observable_gauge(
+                f"{meter_name}.{name}", callbacks=[lambda _options: [Observation(1, a), Observation(2, b)]]
+            )
+    data = reader.get_metrics_data()
+    assert data is not None
+    by_name: dict[str, list[tuple[Any, Any]]] = {}
+    for scope in data.resource_metrics[0].scope_metrics:
+        for metric in scope.metrics:
+            points: list[Any] = list(metric.data.data_points)
+            by_name[metric.name] = [(point.attributes, point.value) for point in points]
+    ours = by_name[f"{METER_NAME}.g"]
+    assert ours == [(a, 1), (b, 2)] and ours[0][0] is a and ours[1][0] is b
+    theirs = by_name["someone-else.g"]
+    assert theirs == [(a, 1), (b, 2)] and theirs[0][0] is not a and theirs[1][0] is not b
+    for name in (f"{METER_NAME}.kept", "someone-else.kept"):
+        assert by_name[name] == [({"pod": "a"}, 1), ({"pod": "b"}, 2)]
+    assert len(sdk_consumes) == 6  # two Measurements of each instrument but the agent's plain one
     provider.shutdown()

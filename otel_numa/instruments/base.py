@@ -36,12 +36,10 @@ class Instruments:
         no_part = object()
         cache: tuple[object, list[Observation]] = (no_part, [])
 
-        previous_series: dict[tuple[object, ...], Attributes] = {}
-        previous: list[Observation] = []
-        key_tuples: dict[tuple[str, ...], tuple[str, ...]] = {}  # one per attribute layout, shared
+        previous: list[Observation] = []  # the last observations made, one per series
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
-            nonlocal cache, previous_series, previous
+            nonlocal cache, previous
             try:
                 snapshot = store.current()
                 key = part(snapshot) if part is not None else no_part
@@ -51,20 +49,14 @@ class Instruments:
                 points = list(observe(snapshot))
                 observations = _same_series_in_place(points, previous)
                 if observations is None:
-                    observations = []
-                    series: dict[tuple[object, ...], Attributes] = {}
-                    for value, attributes in points:
-                        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
-                            continue
-                        # the same dict object for a series as long as it exists, whatever its value
-                        identity: tuple[object, ...] = ()
-                        if attributes:
-                            keys = tuple(attributes)
-                            identity = (key_tuples.setdefault(keys, keys), tuple(attributes.values()))
-                        stable = previous_series.get(identity, attributes)
-                        series[identity] = stable
-                        observations.append(Observation(value, stable))
-                    previous_series = series
+                    # the same dict object for a series as long as it exists, whatever its value: found by
+                    # the series' identity among last time's (made only now: series come and go rarely)
+                    kept = {_identity(o.attributes): o.attributes for o in previous}
+                    observations = [
+                        Observation(value, kept.get(_identity(attributes), attributes))
+                        for value, attributes in points
+                        if not (isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX)
+                    ]
                 previous = observations
                 if part is not None:
                     cache = (key, observations)
@@ -82,6 +74,10 @@ class Instruments:
             "counter": self._meter.create_observable_counter,
         }[spec.kind]
         create(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+
+def _identity(attributes: Attributes) -> tuple[object, ...]:
+    return (tuple(attributes), tuple(attributes.values())) if attributes else ()
 
 
 def _same_series_in_place(points: list[Point], previous: list[Observation]) -> list[Observation] | None:
