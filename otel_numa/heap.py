@@ -10,11 +10,13 @@ from collections.abc import Callable
 
 _frozen = threading.Event()
 
-# Objects the cyclic collector lets pile up before it looks at the young ones (Python's default is 700).
-# What a round keeps (Measurements, data points, label rows, parsed cgroup files) is made anew every
-# round and freed by reference counting, and a round makes no reference cycles: with the default, the
-# collector scanned that state dozens of times a round and found nothing, a seventh of a round's CPU on
-# the 2x32 node and a third on the 8x48 node. Real garbage is still collected once this many objects pile up.
+# Objects the cyclic collector lets pile up before it looks at the young ones (Python's default is 700):
+# twice what the first collection left alive (frozen), at least 50,000. What a round keeps (Measurements,
+# data points, samples, parsed cgroup files) is made anew every round and freed by reference counting,
+# and a round makes no reference cycles: with the default, the collector scanned that state dozens of
+# times a round and found nothing, a seventh of a round's CPU on the 2x32 node and a third on the 8x48
+# node, whose rounds make ~100,000 objects before freeing the last round's. Real garbage is still
+# collected once that many objects pile up.
 YOUNG_OBJECTS_BEFORE_COLLECTION = 50_000
 
 
@@ -22,13 +24,13 @@ def freeze_long_lived_objects() -> None:
     """After the first whole collection, move what exists then (imports, the SDK's per-series state, the
     instruments' cached observations) out of the cyclic collector's reach: later collections then only
     scan what they create, which is what made garbage collection cost microseconds per series. From then
-    on the collector looks at young objects only once 50,000 have piled up."""
+    on the collector looks at young objects only once twice as many as were frozen have piled up."""
     if not _frozen.is_set():
         _frozen.set()
         gc.collect()
         gc.freeze()
         _, middle, old = gc.get_threshold()
-        gc.set_threshold(YOUNG_OBJECTS_BEFORE_COLLECTION, middle, old)
+        gc.set_threshold(max(YOUNG_OBJECTS_BEFORE_COLLECTION, 2 * gc.get_freeze_count()), middle, old)
         release_free_memory()
 
 

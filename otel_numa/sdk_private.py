@@ -579,7 +579,13 @@ def _revalued(family: Any, values: tuple[object, ...]) -> Any:
         new(type(sample), (sample[0], sample[1], value, *sample[3:]))
         for sample, value in zip(family.samples, values, strict=True)
     ]
+    # the family it was copied from (by id: a reference would chain every copy to the ones before it),
+    # so that RenderedFamilies knows the series are the same without comparing them
+    copied.__dict__[_REVALUED_FROM] = id(family)
     return copied
+
+
+_REVALUED_FROM = "_otel_numa_revalued_from"
 
 
 class _TranslatedMetrics:
@@ -722,7 +728,11 @@ class RenderedFamilies:
             known = last.get(family.name)
             if known is not None and known.family is family:
                 rendered = known
-            elif known is not None and known.value_starts is not None and _same_series(known.family, family):
+            elif (
+                known is not None
+                and known.value_starts is not None
+                and (_revalued_from(family) == id(known.family) or _same_series(known.family, family))
+            ):
                 rendered = _with_new_values(known, family)
             else:
                 text = render(_OneFamily(family))
@@ -759,6 +769,12 @@ def _value_starts(text: bytes, family: Any) -> array[int] | None:
             starts.append(offset + space + 1)
         offset += len(line) + 1
     return starts if len(starts) == len(family.samples) else None
+
+
+def _revalued_from(family: Any) -> int | None:
+    """The id of the family ``family`` is a copy of with new values (:func:`_revalued`), if it is one."""
+    fields = getattr(family, "__dict__", None)
+    return fields.get(_REVALUED_FROM) if fields is not None else None
 
 
 def _same_series(before: Any, now: Any) -> bool:

@@ -1,5 +1,5 @@
 """The process's heap: a round of the agent leaves no reference cycles behind, which is what lets the
-cyclic collector wait for 50,000 young objects (otel_numa/heap.py)."""
+cyclic collector wait for many young objects (otel_numa/heap.py)."""
 
 from __future__ import annotations
 
@@ -94,5 +94,7 @@ def test_after_the_first_collection_the_collector_waits_for_many_young_objects(t
     from otel_numa.heap import freeze_long_lived_objects
 
     freeze_long_lived_objects()  # once per process; a no-op when an earlier test collected already
-    assert gc.get_threshold()[0] == YOUNG_OBJECTS_BEFORE_COLLECTION
     assert gc.get_freeze_count() > 0
+    # twice what was frozen then; frozen objects can only have been freed since
+    threshold = gc.get_threshold()[0]
+    assert threshold >= YOUNG_OBJECTS_BEFORE_COLLECTION and threshold >= 2 * gc.get_freeze_count()
