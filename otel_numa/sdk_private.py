@@ -219,16 +219,16 @@ class _ReusedMeasurements:
     observations into Measurements: while the instrument's callback hands back the very same list of
     observations (the agent's instruments do while their inputs are unchanged, and never change a list they
     handed over), the Measurements made from it last time are handed on again, or none at all when the
-    instrument's last points can be repeated (:class:`_RepeatedPoints`). A Measurement's time and context
-    serve only exemplars, which the agent switches off; the rest is the observation's. Anything else goes
-    through the SDK's own loop."""
+    instrument's last points can be repeated (:class:`_RepeatedPoints`). A new list with last time's
+    attribute dicts in place and finite numbers (new cgroup readings) gets its last points with the new
+    values, and no Measurements at all, or else copies of a Measurement of the instrument with the new
+    values. A Measurement's time and context serve only exemplars, which the agent switches off; the rest
+    is the observation's. Anything else goes through the SDK's own loop."""
 
     def __init__(self, callback: Callable[..., Iterable[Any]], unchanged: _UnchangedInstruments) -> None:
         self._callback = callback
         self._unchanged = unchanged
-        self._made: dict[
-            object, tuple[list[Any], list[Any]]
-        ] = {}  # instrument -> (observations, measurements)
+        self._made: dict[object, _Made] = {}
 
     def __get__(self, instrument: Any, owner: type | None = None) -> Any:
         return self if instrument is None else functools.partial(self.__call__, instrument)
@@ -244,19 +244,18 @@ class _ReusedMeasurements:
         except Exception as error:  # handed to the SDK's loop, which logs it as it always does
             observations = _Raising(error)
         made = self._made.get(instrument)
-        if made is not None and made[0] is observations:
-            if self._unchanged.repeat(instrument, made[1]):
+        if made is not None and made.observations is observations:
+            if self._unchanged.repeat(instrument, made.source()):
                 return ()
-            self._unchanged.hand_over(instrument, made[1])
-            return made[1]
-        measurements = _measured_anew(observations, made) if made is not None else None
-        if (
-            measurements is not None
-            and made is not None
-            and self._unchanged.revalue(instrument, made[1], measurements)
-        ):
-            self._made[instrument] = (observations, measurements)
-            return ()
+            again = made.measured()
+            self._unchanged.hand_over(instrument, again)
+            return again
+        measurements: list[Any] | None = None
+        if made is not None and made.in_place(observations):
+            if self._unchanged.revalue(instrument, made.source(), observations):
+                self._made[instrument] = _Made(observations, None, made.template)
+                return ()
+            measurements = _copies(observations, made.template)
         if measurements is None:
             # the SDK's loop over these observations; collections run one at a time (the SDK's consumer lock)
             instrument._callbacks = [lambda _options: observations]
@@ -266,33 +265,68 @@ class _ReusedMeasurements:
                 instrument._callbacks = callbacks
         kept = isinstance(observations, list)
         if kept:
-            self._made[instrument] = (observations, measurements)
+            self._made[instrument] = _Made.of(observations, measurements)
         self._unchanged.hand_over(instrument, measurements if kept else None)
         return measurements
 
 
-def _measured_anew(observations: object, made: tuple[list[Any], list[Any]]) -> list[Any] | None:
-    """Measurements for ``observations`` when each has the attribute dict of the observation at its place
-    last time and a finite number as its value: copies of last time's Measurements with the new values,
-    which is what the SDK's loop would make (its time and context serve only exemplars). None otherwise."""
-    before, measurements = made
-    if type(observations) is not list or not len(observations) == len(before) == len(measurements):
-        return None
+@dataclass
+class _Made:
+    """An instrument's last list of observations and, unless its points were written without them, the
+    Measurements made from it."""
+
+    observations: list[Any]
+    measurements: list[Any] | None
+    # one of the instrument's Measurements, made by the SDK from an observation whose attribute dict it
+    # kept as it is; None when the SDK's Measurements were not one per observation with the same dicts
+    template: Any
+
+    @classmethod
+    def of(cls, observations: list[Any], measurements: list[Any]) -> _Made:
+        same = len(observations) == len(measurements) > 0 and all(
+            m.attributes is o.attributes for o, m in zip(observations, measurements, strict=True)
+        )
+        return cls(observations, measurements, measurements[0] if same else None)
+
+    def source(self) -> object:
+        """What the instrument's last points were made from (compared by identity)."""
+        return self.measurements if self.measurements is not None else self.observations
+
+    def measured(self) -> list[Any]:
+        """The Measurements of the last observations, made now if they were not."""
+        if self.measurements is None:
+            self.measurements = _copies(self.observations, self.template)
+        return self.measurements
+
+    def in_place(self, observations: object) -> bool:
+        """Whether ``observations`` have last time's attribute dicts, place by place, and finite numbers."""
+        before = self.observations
+        if self.template is None or type(observations) is not list or len(observations) != len(before):
+            return False
+        for observation, previous in zip(observations, before, strict=True):
+            value = observation.value
+            if (
+                observation.attributes is not previous.attributes
+                or observation.context is not None
+                or type(value) not in _NUMBER_TYPES
+                or not math.isfinite(value)
+            ):
+                return False
+        return True
+
+
+def _copies(observations: list[Any], template: Any) -> list[Any]:
+    """Measurements for ``observations`` that the SDK's loop would make: copies of ``template`` (the
+    instrument's, whose time and context serve only exemplars) with each observation's value and dict."""
     new = object.__new__
+    base = template.__dict__
     result = []
-    for observation, previous, measurement in zip(observations, before, measurements, strict=True):
-        value = observation.value
-        if (
-            observation.attributes is not previous.attributes
-            or observation.context is not None
-            or type(value) not in _NUMBER_TYPES
-            or not math.isfinite(value)
-        ):
-            return None
+    for observation in observations:
         copied = new(_Measurement)
         fields = copied.__dict__
-        fields.update(measurement.__dict__)
-        fields["value"] = value
+        fields.update(base)
+        fields["value"] = observation.value
+        fields["attributes"] = observation.attributes
         result.append(copied)
     return result
 

@@ -652,3 +652,37 @@ def test_the_agents_own_series_keep_their_attribute_dict_in_the_sdk_and_others_g
         assert by_name[name] == [({"pod": "a"}, 1), ({"pod": "b"}, 2)]
     assert len(sdk_consumes) == 6  # two Measurements of each instrument but the agent's plain one
     provider.shutdown()
+
+
+def test_points_written_without_measurements_get_them_when_the_sdk_collects_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """New values written into the last points leave no Measurements behind; when the same list must then
+    go through the SDK (the janitor replaced the aggregations), its Measurements are made from it, with
+    its values."""
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install()
+    sdk_collects = calls_to(monkeypatch, _ViewInstrumentMatch.__dict__["collect"], "_collect")
+    a, b, c = ({"k8s.pod.uid": uid} for uid in "abc")
+    current = {"list": [Observation(1, a), Observation(2, b), Observation(3, c)]}
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("guard").create_observable_counter("c", callbacks=[lambda _options: current["list"]])
+
+    def values() -> dict[str, object]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        points: list[Any] = list(data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points)
+        return {str(dict(point.attributes)["k8s.pod.uid"]): point.value for point in points}
+
+    assert values() == {"a": 1, "b": 2, "c": 3} and len(sdk_collects) == 1
+    current["list"] = [Observation(4, a), Observation(5, b), Observation(6, c)]
+    assert values() == {"a": 4, "b": 5, "c": 6} and len(sdk_collects) == 1  # written in
+    assert DepartedSeriesJanitor(provider).forget(frozenset({"a", "b"})) == 1
+    assert values() == {"a": 4, "b": 5, "c": 6} and len(sdk_collects) == 2  # the SDK's, from the same list
+    current["list"] = [Observation(7, a), Observation(8, b)]
+    assert values() == {"a": 7, "b": 8} and len(sdk_collects) == 3
+    provider.shutdown()
