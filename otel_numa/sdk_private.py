@@ -59,7 +59,9 @@ class DepartedSeriesJanitor:
         # were: the SDK only ever adds to that dict, so while it and the live pods stay the same, only a
         # longer dict has anything to forget
         self._live: frozenset[str] = frozenset()
-        self._all_live: weakref.WeakKeyDictionary[Any, tuple[object, int]] = weakref.WeakKeyDictionary()
+        self._all_live: weakref.WeakKeyDictionary[Any, tuple[dict[Any, Any], int]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def supported(self) -> bool:
@@ -112,7 +114,8 @@ class DepartedSeriesJanitor:
             return 0
         with match_lock:
             aggregations = match._attributes_aggregation
-            if self._all_live.get(match) == (aggregations, len(aggregations)):
+            checked = self._all_live.get(match)
+            if checked is not None and checked[0] is aggregations and checked[1] == len(aggregations):
                 return 0
             kept = {}
             for key, aggregation in aggregations.items():
@@ -338,7 +341,9 @@ _NUMBER_TYPES = frozenset({int, float})
 class _Collected:
     """An instrument's data points from one collection of the provider's only (cumulative) reader."""
 
-    measurements: object  # the Measurements they came from (held: compared by identity)
+    # the Measurements they came from, or the observations whose new values were written into them (held:
+    # compared by identity)
+    measurements: object
     match: object  # the SDK's view-instrument match that made them
     aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
     points: list[tuple[Any, Any, Any]]  # (attributes, start time, value) per data point
@@ -386,11 +391,12 @@ class _UnchangedInstruments:
         self._repeat(instrument, last)
         return True
 
-    def revalue(self, instrument: Any, before: object, measurements: list[Any]) -> bool:
-        """Whether ``instrument``'s last points were made from ``before``, one point per Measurement, and
-        ``measurements`` are those with new values (:func:`_measured_anew`); if so, the last points with the
-        new values stand for this collection. That is what consuming them would give: an asynchronous
-        instrument's cumulative sum or gauge keeps no value between collections, only its start time."""
+    def revalue(self, instrument: Any, before: object, observations: list[Any]) -> bool:
+        """Whether ``instrument``'s last points were made from ``before``, one point per element, and
+        ``observations`` carry new values for the same attribute dicts in place (:meth:`_Made.in_place`);
+        if so, the last points with the new values stand for this collection. That is what consuming them
+        would give: an asynchronous instrument's cumulative sum or gauge keeps no value between
+        collections, only its start time."""
         last = self._collected_from(instrument, before)
         if last is None:
             return False
@@ -398,10 +404,10 @@ class _UnchangedInstruments:
         if not order:
             return False
         points = [
-            (attributes, start, measurements[place].value)
+            (attributes, start, observations[place].value)
             for (attributes, start, _value), place in zip(last.points, order, strict=True)
         ]
-        collected = _Collected(measurements, last.match, last.aggregations, points, order)
+        collected = _Collected(observations, last.match, last.aggregations, points, order)
         self.last[instrument] = collected
         self._repeat(instrument, collected)
         return True
@@ -959,22 +965,18 @@ def _point_count(request: Any) -> int:
     )
 
 
-_CUMULATIVE = 2  # AGGREGATION_TEMPORALITY_CUMULATIVE in OTLP's metrics.proto
-
-
 def _write_values(request: Any, points: list[Any]) -> None:
     sdk_points = iter(points)
     for resource_metrics in request.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 is_sum = metric.WhichOneof("data") == "sum"
-                # A cumulative point with the same attribute dict comes from the same SDK aggregation (a
-                # new one copies the attributes into a dict of its own), whose start time never moves.
-                restarts = is_sum and metric.sum.aggregation_temporality != _CUMULATIVE
                 for encoded in metric.sum.data_points if is_sum else metric.gauge.data_points:
                     point = next(sdk_points)
                     encoded.time_unix_nano = point.time_unix_nano
-                    if restarts:
+                    # written every time: a delta sum starts anew at every push, and a series the janitor
+                    # forgot comes back with the same attribute dict but a new aggregation and start
+                    if is_sum:
                         encoded.start_time_unix_nano = point.start_time_unix_nano
                     if isinstance(point.value, int):
                         encoded.as_int = point.value

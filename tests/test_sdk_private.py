@@ -686,3 +686,41 @@ def test_points_written_without_measurements_get_them_when_the_sdk_collects_agai
     current["list"] = [Observation(7, a), Observation(8, b)]
     assert values() == {"a": 7, "b": 8} and len(sdk_collects) == 3
     provider.shutdown()
+
+
+def test_a_reused_otlp_request_gets_the_new_start_of_a_series_the_janitor_forgot() -> None:
+    """A series of the agent's meter that the janitor forgot while it was still observed comes back with the
+    same attribute dict but a new aggregation and start time: the reused request carries that start time,
+    as the encoder's own request does."""
+    import sys
+
+    from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+
+    from otel_numa.pipeline import METER_NAME
+    from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
+
+    module = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
+    __import__(module)
+    assert reuse_otlp_requests("grpc")
+    FAST_PATHS.install(own_meter=METER_NAME)
+    encode = sys.modules[module].encode_metrics
+    observations = [Observation(1, {"k8s.pod.uid": "a"}), Observation(2, {"k8s.pod.uid": "b"})]
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter(METER_NAME).create_observable_counter("c", callbacks=[lambda _options: observations])
+    requests = []
+    for round_ in range(3):
+        if round_ == 2:
+            assert DepartedSeriesJanitor(provider).forget(frozenset({"a"})) == 1  # b is still observed
+        data = reader.get_metrics_data()
+        assert data is not None
+        request = encode(data)
+        assert request == encode_metrics(data), round_
+        requests.append(request)
+    assert requests[2] is requests[1]  # reused, the same attribute dicts
+    starts = [
+        point.start_time_unix_nano
+        for point in requests[2].resource_metrics[0].scope_metrics[0].metrics[0].sum.data_points
+    ]
+    assert starts[0] < starts[1]  # b's aggregation is new
+    provider.shutdown()
