@@ -28,7 +28,7 @@ is how an SDK upgrade that changes the internals is caught).
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -44,6 +44,7 @@ from typing import Any
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics._internal.measurement import Measurement as _Measurement
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, NumberDataPoint, Sum
+from prometheus_client.metrics_core import Metric as PrometheusMetric
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
@@ -180,10 +181,11 @@ class _FlatAttributesKept:
 
 class _CompactAttributeKeys:
     """The SDK's attribute-set key, in a smaller form for flat string/integer attributes (the agent's):
-    the sorted keys, one tuple shared by every series with those keys, and the values in that order.
-    Equal attribute sets give equal keys whatever their dict order; anything else (floats, booleans,
-    sequences) takes the SDK's own form, which is shaped differently, so the two never collide. Each
-    series' key, held by the SDK for its life, is then two tuples instead of one tuple per attribute."""
+    one tuple of the sorted keys (shared by every series with those keys), then the values in that
+    order. Equal attribute sets give equal keys whatever their dict order; anything else (floats,
+    booleans, sequences) takes the SDK's own form, whose first item is a string, so the two never
+    collide. Each series' key, held by the SDK for its life, is then one tuple instead of one tuple per
+    attribute."""
 
     def __init__(self, hash_attributes: Callable[[Any], Any]) -> None:
         self._hash = hash_attributes
@@ -201,7 +203,7 @@ class _CompactAttributeKeys:
         values = values_of(attributes)
         if not _FLAT_TYPES.issuperset(map(type, values)):
             return self._hash(attributes)
-        return (sorted_keys, values)
+        return (sorted_keys, *values)
 
     def _layout(self, keys: tuple[Any, ...]) -> tuple[tuple[str, ...], Callable[[Any], Any]] | None:
         if not all(type(key) is str for key in keys) or len(self._layouts) >= 4096:
@@ -221,10 +223,10 @@ class _ReusedMeasurements:
     """Stands in for ``_Asynchronous.callback``, the SDK's loop that turns an observable instrument's
     observations into Measurements: while the instrument's callback hands back the very same list of
     observations (the agent's instruments do while their inputs are unchanged, and never change a list they
-    handed over), the Measurements made from it last time are handed on again, or none at all when the
-    instrument's last points can be repeated (:class:`_RepeatedPoints`). A new list with last time's
-    attribute dicts in place and finite numbers (new cgroup readings) gets its last points with the new
-    values, and no Measurements at all, or else copies of a Measurement of the instrument with the new
+    handed over), none are handed on when the instrument's last points can be repeated
+    (:class:`_RepeatedPoints`), or else the Measurements the SDK would make from it. A new list with last
+    time's attribute dicts in place and finite numbers (new cgroup readings) gets its last points with the
+    new values, and no Measurements at all, or else copies of a Measurement of the instrument with the new
     values. A Measurement's time and context serve only exemplars, which the agent switches off; the rest
     is the observation's. Anything else goes through the SDK's own loop."""
 
@@ -250,13 +252,12 @@ class _ReusedMeasurements:
         if made is not None and made.observations is observations:
             if self._unchanged.repeat(instrument, made.source()):
                 return ()
-            again = made.measured()
-            self._unchanged.hand_over(instrument, again)
-            return again
+            self._unchanged.hand_over(instrument, made.source())
+            return made.measured()
         measurements: list[Any] | None = None
         if made is not None and made.in_place(observations):
             if self._unchanged.revalue(instrument, made.source(), observations):
-                self._made[instrument] = _Made(observations, None, made.template)
+                self._made[instrument] = _Made(observations, made.template)
                 return ()
             measurements = _copies(observations, made.template)
         if measurements is None:
@@ -266,40 +267,44 @@ class _ReusedMeasurements:
                 measurements = list(self._callback(instrument, callback_options))
             finally:
                 instrument._callbacks = callbacks
-        kept = isinstance(observations, list)
-        if kept:
-            self._made[instrument] = _Made.of(observations, measurements)
-        self._unchanged.hand_over(instrument, measurements if kept else None)
+        if isinstance(observations, list):
+            made = _Made.of(observations, measurements)
+            self._made[instrument] = made
+            self._unchanged.hand_over(instrument, made.source())
+        else:
+            self._unchanged.hand_over(instrument, None)
         return measurements
 
 
 @dataclass
 class _Made:
-    """An instrument's last list of observations and, unless its points were written without them, the
-    Measurements made from it."""
+    """An instrument's last list of observations and how the SDK's Measurements are made from it."""
 
     observations: list[Any]
-    measurements: list[Any] | None
     # one of the instrument's Measurements, made by the SDK from an observation whose attribute dict it
-    # kept as it is; None when the SDK's Measurements were not one per observation with the same dicts
+    # kept as it is: the others are copies of it, made when needed and not kept (a Measurement per series
+    # for nothing). None when the SDK's Measurements were not one per observation with the same dicts.
     template: Any
+    measurements: list[Any] | None = None  # the SDK's, kept only when there is no template
 
     @classmethod
     def of(cls, observations: list[Any], measurements: list[Any]) -> _Made:
         same = len(observations) == len(measurements) > 0 and all(
             m.attributes is o.attributes for o, m in zip(observations, measurements, strict=True)
         )
-        return cls(observations, measurements, measurements[0] if same else None)
+        return cls(observations, measurements[0]) if same else cls(observations, None, measurements)
 
     def source(self) -> object:
-        """What the instrument's last points were made from (compared by identity)."""
-        return self.measurements if self.measurements is not None else self.observations
+        """What the instrument's points are made from (compared by identity): the observations, or the
+        SDK's Measurements when they are not one per observation."""
+        return self.observations if self.template is not None else self.measurements
 
     def measured(self) -> list[Any]:
-        """The Measurements of the last observations, made now if they were not."""
-        if self.measurements is None:
-            self.measurements = _copies(self.observations, self.template)
-        return self.measurements
+        """The Measurements the SDK's loop would make from the observations."""
+        if self.template is None:
+            assert self.measurements is not None
+            return self.measurements
+        return _copies(self.observations, self.template)
 
     def in_place(self, observations: object) -> bool:
         """Whether ``observations`` have last time's attribute dicts, place by place, and finite numbers."""
@@ -341,12 +346,15 @@ _NUMBER_TYPES = frozenset({int, float})
 class _Collected:
     """An instrument's data points from one collection of the provider's only (cumulative) reader."""
 
-    # the Measurements they came from, or the observations whose new values were written into them (held:
-    # compared by identity)
+    # what they came from (:meth:`_Made.source`): the observations, or the SDK's Measurements when these
+    # were not one per observation (held: compared by identity)
     measurements: object
     match: object  # the SDK's view-instrument match that made them
     aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
-    points: list[tuple[Any, Any, Any]]  # (attributes, start time, value) per data point
+    # per data point, in the SDK's order: its attributes, start time and value
+    attributes: tuple[Any, ...]
+    starts: tuple[int, ...]
+    values: tuple[Any, ...]
     # for each point, the place of its Measurement in ``measurements``, once asked for (:meth:`order`);
     # an empty tuple when the points are not one per Measurement
     places: tuple[int, ...] | None = None
@@ -360,7 +368,7 @@ class _Collected:
             measurements: Any = self.measurements
             for place, measurement in enumerate(measurements):
                 places.setdefault(key_of(measurement.attributes), place)
-            found = tuple(places.get(key_of(attributes), -1) for attributes, _start, _value in self.points)
+            found = tuple(places.get(key_of(attributes), -1) for attributes in self.attributes)
             whole = len(places) == len(measurements) == len(found) and -1 not in found
             self.places = found if whole else ()
         return self.places
@@ -403,11 +411,10 @@ class _UnchangedInstruments:
         order = last.order(self.key_of)
         if not order:
             return False
-        points = [
-            (attributes, start, observations[place].value)
-            for (attributes, start, _value), place in zip(last.points, order, strict=True)
-        ]
-        collected = _Collected(observations, last.match, last.aggregations, points, order)
+        values = tuple([observations[place].value for place in order])
+        collected = _Collected(
+            observations, last.match, last.aggregations, last.attributes, last.starts, values, order
+        )
         self.last[instrument] = collected
         self._repeat(instrument, collected)
         return True
@@ -457,7 +464,7 @@ class _RepeatedPoints:
             # made through the instance's __dict__, as a frozen dataclass's __init__ costs twice as much
             new = object.__new__
             points = []
-            for attributes, start, value in last.points:
+            for attributes, start, value in zip(last.attributes, last.starts, last.values, strict=True):
                 point = new(NumberDataPoint)
                 point.__dict__.update(
                     attributes=attributes,
@@ -480,7 +487,9 @@ class _RepeatedPoints:
                 handed,
                 match,
                 getattr(match, "_attributes_aggregation", None),
-                [(point.attributes, point.start_time_unix_nano, point.value) for point in points],
+                tuple([point.attributes for point in points]),
+                tuple([point.start_time_unix_nano for point in points]),
+                tuple([point.value for point in points]),
             )
         elif instrument is not None:
             unchanged.last.pop(instrument, None)
@@ -587,18 +596,77 @@ FAST_PATHS = FastPaths()
 # reused while its data points have the same attribute dicts (the SDK keeps one per series) and the same
 # values; a reused family's rendered text is reused too. Both go through the libraries' own code for
 # anything that changed, so the page stays byte for byte what they would write.
+#
+# A family of one sample per data point (gauges, counters) is kept as its values and a recipe
+# (:class:`_SeriesRecipe`): its samples, a name and a label dict per series (~450 bytes each), are made
+# again by the exporter's translation only when something reads them. The page needs them only when a
+# family's series change or a scraper asks for the other format; otherwise its text gets the new values.
 
 _EOF = b"# EOF\n"
+_SERIES = "_otel_numa_series"  # on a family of one sample per data point: (its recipe, its values)
+
+
+@dataclass(eq=False)
+class _SeriesRecipe:
+    """What a family of one sample per data point is made from, but its values: the exporter's own
+    translation of the metric (without its data points) with these attribute dicts. The same object while
+    the series are the same (compared by identity)."""
+
+    translate: Callable[..., None]  # the exporter's, unwrapped
+    metric: Any  # the SDK's Metric, with no data points
+    family_id: str
+    attributes: tuple[Any, ...]  # the data points' attribute dicts, in order
+    scope_attrs: Any
+    resource_attrs: Any
+
+    def family(self, values: tuple[Any, ...]) -> Any:
+        """The family the exporter makes from these series with ``values``."""
+        points = [
+            NumberDataPoint(attributes=attributes, start_time_unix_nano=0, time_unix_nano=0, value=value)
+            for attributes, value in zip(self.attributes, values, strict=True)
+        ]
+        data = dataclasses.replace(self.metric.data, data_points=points)
+        metric = dataclasses.replace(self.metric, data=data)
+        families: dict[str, Any] = {}
+        self.translate(metric, self.scope_attrs, self.resource_attrs, families)
+        return families[self.family_id]
+
+
+class _ValuesFamily(PrometheusMetric):
+    """A family of one sample per data point, kept as its values and its recipe; its samples are made
+    anew whenever they are read (and not kept)."""
+
+    def __init__(self, family: Any, recipe: _SeriesRecipe, values: tuple[object, ...]) -> None:
+        # no Metric.__init__: the names were checked when ``family`` was made
+        self.name = family.name
+        self.documentation = family.documentation
+        self.unit = family.unit
+        self.type = family.type
+        self.__dict__[_SERIES] = (recipe, values)
+
+    @property
+    def samples(self) -> list[Any]:
+        recipe, values = self.__dict__[_SERIES]
+        return list(recipe.family(values).samples)
+
+    @samples.setter
+    def samples(self, _samples: list[Any]) -> None:
+        raise AttributeError("a family made from its recipe has no samples of its own")
+
+
+def _series_of(family: Any) -> tuple[_SeriesRecipe, tuple[object, ...]] | None:
+    fields = getattr(family, "__dict__", None)
+    return fields.get(_SERIES) if fields is not None else None
 
 
 @dataclass
 class _Translation:
     attributes: tuple[object, ...]  # held, so that their ids cannot be reused while remembered
     values: tuple[object, ...]
-    families: tuple[tuple[str, object], ...]  # (family id, prometheus_client family)
-    # one family whose samples are the data points' values in order (gauges, counters): new values only
-    # need new samples, with the same names and label dicts
-    one_sample_per_point: bool = False
+    families: tuple[tuple[str, object], ...]  # (family id, prometheus_client family) as handed over
+    # set for one family whose samples are the data points' values in order: new values only need a new
+    # _ValuesFamily
+    recipe: _SeriesRecipe | None = None
 
 
 def _one_sample_per_point(families: tuple[tuple[str, Any], ...], values: tuple[object, ...]) -> bool:
@@ -610,30 +678,11 @@ def _one_sample_per_point(families: tuple[tuple[str, Any], ...], values: tuple[o
     )
 
 
-def _revalued(family: Any, values: tuple[object, ...]) -> Any:
-    """A copy of ``family`` whose samples carry ``values`` (names and label dicts shared)."""
-    copied = copy.copy(family)
-    # a namedtuple's _replace costs four times the tuple itself
-    new = tuple.__new__
-    copied.samples = [
-        new(type(sample), (sample[0], sample[1], value, *sample[3:]))
-        for sample, value in zip(family.samples, values, strict=True)
-    ]
-    # the family it was copied from (by id: a reference would chain every copy to the ones before it),
-    # so that RenderedFamilies knows the series are the same without comparing them
-    copied.__dict__[_REVALUED_FROM] = id(family)
-    return copied
-
-
-_REVALUED_FROM = "_otel_numa_revalued_from"
-
-
 class _TranslatedMetrics:
     """Wraps the exporter collector's ``_translate_metric``."""
 
-    def __init__(self, translate: Callable[..., None], labels: _CollectedDataPoints) -> None:
+    def __init__(self, translate: Callable[..., None]) -> None:
         self._translate = translate
-        self._labels = labels
         self._known: dict[str, _Translation] = {}
 
     def __call__(
@@ -657,61 +706,33 @@ class _TranslatedMetrics:
             if known.values == values:
                 metric_family_id_metric_family.update(known.families)
                 return
-            if known.one_sample_per_point and None not in values:
+            if known.recipe is not None and None not in values:
                 ((family_id, family),) = known.families
-                families = ((family_id, _revalued(family, values)),)
+                families = ((family_id, _ValuesFamily(family, known.recipe, values)),)
                 metric_family_id_metric_family.update(families)
-                self._known[key] = _Translation(attributes, values, families, one_sample_per_point=True)
+                self._known[key] = _Translation(known.attributes, values, families, known.recipe)
                 return
         before = set(metric_family_id_metric_family)
-        self._labels.metric.key = key
-        try:
-            self._translate(metric, scope_attrs, resource_attrs, metric_family_id_metric_family)
-        finally:
-            self._labels.metric.key = None
+        self._translate(metric, scope_attrs, resource_attrs, metric_family_id_metric_family)
         added = tuple((fid, fam) for fid, fam in metric_family_id_metric_family.items() if fid not in before)
         if None in values or any(fid in before for fid, _ in added) or not added:
             self._known.pop(key, None)  # histograms, merged families: translated every time
+        elif _one_sample_per_point(added, values) and type(metric.data) in (Gauge, Sum):
+            ((family_id, family),) = added
+            without_points = dataclasses.replace(metric.data, data_points=[])
+            recipe = _SeriesRecipe(
+                self._translate,
+                dataclasses.replace(metric, data=without_points),
+                family_id,
+                attributes,
+                scope_attrs,
+                resource_attrs,
+            )
+            family.__dict__[_SERIES] = (recipe, values)  # this collection's family, samples and all
+            kept = ((family_id, _ValuesFamily(family, recipe, values)),)
+            self._known[key] = _Translation(attributes, values, kept, recipe)
         else:
-            self._known[key] = _Translation(attributes, values, added, _one_sample_per_point(added, values))
-
-
-@dataclass
-class _Labels:
-    attributes: tuple[object, ...]  # held, so that their ids cannot be reused while remembered
-    context: tuple[object, ...]  # the resource and scope labels they were made with
-    keys: list[str]
-    rows: list[list[str]]
-
-
-class _CollectedDataPoints:
-    """Wraps the exporter collector's ``_collect_data_points``: the label names and values of a metric
-    whose data points have the same attribute dicts as last time (only the values changed, e.g. fresh
-    cgroup readings) are reused; only the values are read again."""
-
-    def __init__(self, collect: Callable[..., Any]) -> None:
-        self._collect = collect
-        self._known: dict[str, _Labels] = {}  # one entry per metric
-        self.metric = threading.local()  # the metric being translated in this thread (_TranslatedMetrics)
-
-    def __call__(self, metric_data: Any, scope_attrs: Any, resource_attrs: Any) -> Any:
-        points = getattr(metric_data, "data_points", ())
-        key = getattr(self.metric, "key", None)
-        if key is None or any(not hasattr(point, "value") for point in points):  # e.g. histograms
-            return self._collect(metric_data, scope_attrs, resource_attrs)
-        attributes = tuple(point.attributes for point in points)
-        context = (tuple(resource_attrs.items()), tuple(scope_attrs.items()))
-        known = self._known.get(key)
-        if (
-            known is not None
-            and known.context == context
-            and len(known.attributes) == len(attributes)
-            and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
-        ):
-            return known.keys, known.rows, [point.value for point in points]
-        keys, rows, values = self._collect(metric_data, scope_attrs, resource_attrs)
-        self._known[key] = _Labels(attributes, context, keys, rows)
-        return keys, rows, values
+            self._known[key] = _Translation(attributes, values, added)
 
 
 class _OneFamily:
@@ -724,17 +745,20 @@ class _OneFamily:
 
 @dataclass
 class _RenderedFamily:
-    family: Any
     text: bytes
     # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
     # lines are not one plain "<series> <value>" line per sample
     value_starts: array[int] | None
+    # what the text was rendered from: a recipe and values, or else the family itself (held)
+    recipe: _SeriesRecipe | None
+    values: tuple[object, ...] | None
+    family: Any
 
 
 class RenderedFamilies:
     """A stand-in for prometheus_client's text and OpenMetrics encoders that, for registries that ask for
-    it, reuses the previous scrape's text of a family that is the same object, writes only the new values
-    into it for a family with the same series, and renders the rest through the library."""
+    it, reuses the previous scrape's text of a family with the same series and values, writes only the new
+    values into it for a family with the same series, and renders the rest through the library."""
 
     def __init__(self, text_encoder: Callable[..., bytes], openmetrics_encoder: Callable[..., bytes]) -> None:
         self.text_encoder = text_encoder
@@ -766,21 +790,41 @@ class RenderedFamilies:
         parts: list[bytes] = []
         for family in registry.collect():
             known = last.get(family.name)
-            if known is not None and known.family is family:
-                rendered = known
-            elif (
-                known is not None
-                and known.value_starts is not None
-                and (_revalued_from(family) == id(known.family) or _same_series(known.family, family))
-            ):
-                rendered = _with_new_values(known, family)
-            else:
-                text = render(_OneFamily(family))
-                rendered = _RenderedFamily(family, text, _value_starts(text, family))
+            rendered = _again(known, family) if known is not None else None
+            if rendered is None:
+                rendered = _rendered(family, render)
             now[family.name] = rendered
             parts.append(rendered.text)
         self._form, self._last = form, now
         return b"".join(parts)
+
+
+def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
+    """``known``'s text for ``family``, with the new values written in; None when the series differ."""
+    series = _series_of(family)
+    if series is not None:
+        recipe, values = series
+        if recipe is not known.recipe:
+            return None
+        if values == known.values:
+            return known
+        return _with_new_values(known, values) if known.value_starts is not None else None
+    if known.family is family:
+        return known
+    if known.value_starts is not None and known.family is not None and _same_series(known.family, family):
+        return _with_new_values(known, tuple(sample.value for sample in family.samples), family)
+    return None
+
+
+def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFamily:
+    """``family`` rendered through the library (a recipe's family is made for it, and not kept)."""
+    series = _series_of(family)
+    whole = series[0].family(series[1]) if isinstance(family, _ValuesFamily) and series else family
+    text = render(_OneFamily(whole))
+    starts = _value_starts(text, whole)
+    if series is not None:
+        return _RenderedFamily(text, starts, series[0], series[1], None)
+    return _RenderedFamily(text, starts, None, None, family)
 
 
 def _plain(sample: Any) -> bool:
@@ -811,12 +855,6 @@ def _value_starts(text: bytes, family: Any) -> array[int] | None:
     return starts if len(starts) == len(family.samples) else None
 
 
-def _revalued_from(family: Any) -> int | None:
-    """The id of the family ``family`` is a copy of with new values (:func:`_revalued`), if it is one."""
-    fields = getattr(family, "__dict__", None)
-    return fields.get(_REVALUED_FROM) if fields is not None else None
-
-
 def _same_series(before: Any, now: Any) -> bool:
     return (
         before.type == now.type
@@ -830,24 +868,27 @@ def _same_series(before: Any, now: Any) -> bool:
     )
 
 
-def _with_new_values(known: _RenderedFamily, family: Any) -> _RenderedFamily:
-    """The family's text with each sample's value replaced (prometheus_client's own number format)."""
+def _with_new_values(
+    known: _RenderedFamily, values: tuple[object, ...], family: Any = None
+) -> _RenderedFamily:
+    """``known``'s text with each sample's value replaced by ``values``' (prometheus_client's own number
+    format); ``family`` is held when the family has no recipe."""
     text = known.text
     parts: list[bytes] = []
     starts = array("q")
     written = 0  # length of the new text so far
     copied_to = 0  # how far the old text has been copied
-    for start, sample in zip(known.value_starts or (), family.samples, strict=True):
+    for start, value in zip(known.value_starts or (), values, strict=True):
         end = text.index(b"\n", start)
         head = text[copied_to:start]
-        value = floatToGoString(sample.value).encode()  # type: ignore[no-untyped-call]
-        parts += (head, value)
+        number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
+        parts += (head, number)
         written += len(head)
         starts.append(written)
-        written += len(value)
+        written += len(number)
         copied_to = end
     parts.append(text[copied_to:])
-    return _RenderedFamily(family, b"".join(parts), starts)
+    return _RenderedFamily(b"".join(parts), starts, known.recipe, values, family)
 
 
 def speed_up_prometheus_reader(reader: Any) -> bool:
@@ -857,13 +898,7 @@ def speed_up_prometheus_reader(reader: Any) -> bool:
     if collector is None or not callable(translate):
         log.warning("cannot reuse unchanged translations with this Prometheus exporter version")
         return False
-    collect = getattr(collector, "_collect_data_points", None)
-    if not callable(collect):
-        log.warning("cannot reuse label rows with this Prometheus exporter version")
-        return False
-    labels = _CollectedDataPoints(collect)
-    collector._collect_data_points = labels
-    collector._translate_metric = _TranslatedMetrics(translate, labels)
+    collector._translate_metric = _TranslatedMetrics(translate)
     return True
 
 

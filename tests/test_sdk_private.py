@@ -3,6 +3,7 @@ upgrade changes the shape the agent relies on, and the pins in pyproject.toml ma
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
 import tomllib
@@ -163,53 +164,75 @@ def test_the_page_is_byte_for_byte_what_the_libraries_write(
     pipeline.shutdown(timeout_s=1)
 
 
-def test_reused_translations_equal_the_exporters_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reused_translations_equal_the_exporters_own(tmp_path: Path) -> None:
     """One MeterProvider, two Prometheus readers over the agent's instruments: one with reused
-    translations and label rows, one as the exporter ships it. Their pages are equal while values change
-    (fresh per-container usage; a family with the same series then only gets new samples) and while
-    series come and go."""
+    translations, one as the exporter ships it. Their pages are equal while values change (fresh
+    per-container usage: a family with the same series is not translated again, and its samples are made
+    from its recipe when read) and while series come and go."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.samples import Sample
 
-    from otel_numa import sdk_private
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
-    from otel_numa.sdk_private import speed_up_prometheus_reader
 
-    assert Sample._fields[:3] == ("name", "labels", "value")  # new samples are made positionally
     node, agent = small_node(tmp_path / "node")
     fast_registry, plain_registry = CollectorRegistry(), CollectorRegistry()
     fast = PrometheusMetricReader(registry=fast_registry, disable_target_info=True)
     plain = PrometheusMetricReader(registry=plain_registry, disable_target_info=True)
-    assert speed_up_prometheus_reader(fast)
+    translated = record_translations(fast)
     provider = MeterProvider(metric_readers=[fast, plain])
     names = [spec.name for spec in METRICS if spec.group.value not in ("health", "compat")]
     register_instruments(provider.get_meter("t"), agent.store, names, "n")
-    revalued: list[tuple[int, str]] = []
-    new_samples = sdk_private._revalued
-
-    def spy(family: Any, values: tuple[object, ...]) -> Any:
-        revalued.append((generation, family.name))
-        return new_samples(family, values)
-
-    monkeypatch.setattr(sdk_private, "_revalued", spy)
     pages = []
+    usage = {"numa.container.memory.usage", "numa.container.cpu.time"}
     for generation in generations(node, agent):
+        translated.clear()
         with agent.store.pinned():
             fast_page, plain_page = generate_latest(fast_registry), generate_latest(plain_registry)
         assert fast_page == plain_page, generation
         assert b"numa_container_memory_usage_bytes" in fast_page
         pages.append(fast_page)
+        if generation == 0:  # new series: translated
+            assert usage <= set(translated)
+        elif generation == 4:  # a pod fewer in the families that show it
+            assert "numa.container.memory.allocated" in translated, translated
+        else:  # the same series, with the same or new values
+            assert not usage & set(translated), generation
     assert (
         pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
     )  # the same, new values twice, fewer series
-    assert {name for _, name in revalued} >= {
-        "numa_container_memory_usage_bytes",
-        "numa_container_cpu_time_seconds",
-    }
-    assert {generation for generation, _ in revalued} == {2, 3}  # never when the series changed
     provider.shutdown()
+
+
+def record_translations(reader: Any) -> list[str]:
+    """Speeds up ``reader``; the list gets the name of each metric the exporter itself translates while
+    the reader collects (not when a family's samples are made from its recipe)."""
+    from otel_numa.sdk_private import speed_up_prometheus_reader
+
+    collector = reader._collector
+    exporters_own = collector._translate_metric
+    translated: list[str] = []
+    collecting = False
+
+    def recorded(metric: Any, *args: Any, **kwargs: Any) -> None:
+        if collecting:
+            translated.append(metric.name)
+        exporters_own(metric, *args, **kwargs)
+
+    collector._translate_metric = recorded
+    assert speed_up_prometheus_reader(reader)
+    reusing = collector._translate_metric
+
+    def collected(*args: Any, **kwargs: Any) -> None:
+        nonlocal collecting
+        collecting = True
+        try:
+            reusing(*args, **kwargs)
+        finally:
+            collecting = False
+
+    collector._translate_metric = collected
+    return translated
 
 
 def test_compact_keys_keep_the_sdks_series_apart_and_together() -> None:
@@ -310,7 +333,7 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     from otel_numa.pipeline import build_pipeline
     from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
 
-    written_in = calls_to(monkeypatch, sdk_private, "_with_new_values")  # (known, family)
+    written_in = calls_to(monkeypatch, sdk_private, "_with_new_values")  # (known, values, ...)
     rendered = install_family_rendering()
     assert isinstance(rendered, RenderedFamilies)
     for encode, original in (
@@ -329,8 +352,51 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
             assert b"numa_container_memory_usage_bytes{" in page
             pages.append(page)
         assert pages[1] != pages[2] != pages[3] != pages[4]
-        assert "numa_container_memory_usage_bytes" in {family.name for _known, family in written_in}
+        # the families' names, from the "# HELP <name> ..." line their text starts with
+        assert b"numa_container_memory_usage_bytes" in {call[0].text.split(b" ")[2] for call in written_in}
         pipeline.shutdown(timeout_s=1)
+
+
+def test_between_scrapes_the_page_keeps_no_samples_of_gauges_and_counters(tmp_path: Path) -> None:
+    """Between scrapes, the families of one sample per data point are kept as their values and text only:
+    no prometheus_client Sample (a name and a label dict per series) outlives the scrape that made it,
+    while series are new, values change, and series go."""
+    import prometheus_client.exposition as exposition
+
+    from otel_numa.pipeline import build_pipeline
+
+    node, agent = small_node(tmp_path / "node", disable="health")
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    assert pipeline.registry is not None
+    renderer = getattr(exposition.generate_latest, "__self__", None)
+    for generation in generations(node, agent):
+        page = exposition.generate_latest(pipeline.registry)
+        series = sum(1 for line in page.splitlines() if line and not line.startswith(b"#"))
+        kept = samples_reachable_from(pipeline, renderer)
+        assert series > 100 and kept <= 2, (generation, series, kept)  # target_info and python_info
+    pipeline.shutdown(timeout_s=1)
+
+
+def samples_reachable_from(*roots: object) -> int:
+    """prometheus_client Samples that ``roots`` hold, directly or not (not through modules or classes;
+    the collector does not track most Samples, so they are found by walking references)."""
+    import sys
+    import types
+
+    from prometheus_client.samples import Sample
+
+    module_dicts = {id(vars(module)) for module in list(sys.modules.values()) if module is not None}
+    seen: set[int] = set()
+    found = 0
+    stack = list(roots)
+    while stack:
+        thing = stack.pop()
+        if id(thing) in seen or isinstance(thing, (types.ModuleType, type)) or id(thing) in module_dicts:
+            continue
+        seen.add(id(thing))
+        found += type(thing) is Sample
+        stack.extend(gc.get_referents(thing))
+    return found
 
 
 def test_measurements_are_reused_only_for_the_same_list_of_observations(
