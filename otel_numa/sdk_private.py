@@ -348,28 +348,29 @@ class _Collected:
 
     # what they came from (:meth:`_Made.source`): the observations, or the SDK's Measurements when these
     # were not one per observation (held: compared by identity)
-    measurements: object
+    source: object
     match: object  # the SDK's view-instrument match that made them
     aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
     # per data point, in the SDK's order: its attributes, start time and value
     attributes: tuple[Any, ...]
     starts: tuple[int, ...]
     values: tuple[Any, ...]
-    # for each point, the place of its Measurement in ``measurements``, once asked for (:meth:`order`);
-    # an empty tuple when the points are not one per Measurement
+    # for each point, the place of what it came from in ``source``, once asked for (:meth:`order`); an
+    # empty tuple when the points are not one per item
     places: tuple[int, ...] | None = None
 
     def order(self, key_of: Callable[[Any], Any]) -> tuple[int, ...]:
-        """Where each point's Measurement is, found by the SDK's own attribute-set key (the points' order
-        is the SDK's aggregations', not the observations'). Empty when a Measurement made no point of its
-        own (an attribute set twice, a view that drops keys, the cardinality limit's overflow point)."""
+        """Where each point's observation (or Measurement) is in the source, found by the SDK's own
+        attribute-set key (the points' order is the SDK's aggregations', not the observations'). Empty when
+        one made no point of its own (an attribute set twice, a view that drops keys, the cardinality
+        limit's overflow point)."""
         if self.places is None:
             places: dict[Any, int] = {}
-            measurements: Any = self.measurements
-            for place, measurement in enumerate(measurements):
-                places.setdefault(key_of(measurement.attributes), place)
+            source: Any = self.source
+            for place, item in enumerate(source):
+                places.setdefault(key_of(item.attributes), place)
             found = tuple(places.get(key_of(attributes), -1) for attributes in self.attributes)
-            whole = len(places) == len(measurements) == len(found) and -1 not in found
+            whole = len(places) == len(source) == len(found) and -1 not in found
             self.places = found if whole else ()
         return self.places
 
@@ -383,17 +384,18 @@ class _UnchangedInstruments:
 
     def __init__(self, key_of: Callable[[Any], Any]) -> None:
         self.key_of = key_of  # the SDK's attribute-set key
-        self.handed: dict[object, object] = {}  # instrument -> Measurements handed over in this collection
+        self.handed: dict[object, object] = {}  # instrument -> the source handed over in this collection
         self.repeating: dict[object, _Collected] = {}  # instrument -> points to repeat in this collection
         self.last: weakref.WeakKeyDictionary[object, _Collected] = weakref.WeakKeyDictionary()
 
-    def hand_over(self, instrument: object, measurements: object) -> None:
+    def hand_over(self, instrument: object, source: object) -> None:
+        """The SDK consumes Measurements made from ``source`` (:meth:`_Made.source`) in this collection."""
         self.repeating.pop(instrument, None)
-        self.handed[instrument] = measurements
+        self.handed[instrument] = source
 
-    def repeat(self, instrument: Any, measurements: object) -> bool:
-        """Whether ``instrument``'s last points stand for ``measurements``; if so they are repeated."""
-        last = self._collected_from(instrument, measurements)
+    def repeat(self, instrument: Any, source: object) -> bool:
+        """Whether ``instrument``'s last points were made from ``source``; if so they are repeated."""
+        last = self._collected_from(instrument, source)
         if last is None:
             return False
         self._repeat(instrument, last)
@@ -419,13 +421,13 @@ class _UnchangedInstruments:
         self._repeat(instrument, collected)
         return True
 
-    def _collected_from(self, instrument: Any, measurements: object) -> _Collected | None:
-        """The instrument's last points, when they were made from ``measurements`` by its only view of the
+    def _collected_from(self, instrument: Any, source: object) -> _Collected | None:
+        """The instrument's last points, when they were made from ``source`` by its only view of the
         provider's only reader, whose aggregations the janitor has not replaced since."""
         last = self.last.get(instrument)
         if (
             last is None
-            or last.measurements is not measurements
+            or last.source is not source
             or getattr(last.match, "_attributes_aggregation", None) is not last.aggregations
         ):
             return None
@@ -646,12 +648,16 @@ class _ValuesFamily(PrometheusMetric):
 
     @property
     def samples(self) -> list[Any]:
-        recipe, values = self.__dict__[_SERIES]
-        return list(recipe.family(values).samples)
+        return list(self.whole().samples)
 
-    @samples.setter
+    @samples.setter  # Metric's samples are a plain attribute; these cannot be set
     def samples(self, _samples: list[Any]) -> None:
         raise AttributeError("a family made from its recipe has no samples of its own")
+
+    def whole(self) -> Any:
+        """The family the exporter makes from the recipe and these values, samples and all."""
+        recipe, values = self.__dict__[_SERIES]
+        return recipe.family(values)
 
 
 def _series_of(family: Any) -> tuple[_SeriesRecipe, tuple[object, ...]] | None:
@@ -818,12 +824,13 @@ def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
 
 def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFamily:
     """``family`` rendered through the library (a recipe's family is made for it, and not kept)."""
-    series = _series_of(family)
-    whole = series[0].family(series[1]) if isinstance(family, _ValuesFamily) and series else family
+    whole = family.whole() if isinstance(family, _ValuesFamily) else family
     text = render(_OneFamily(whole))
     starts = _value_starts(text, whole)
+    series = _series_of(family)
     if series is not None:
-        return _RenderedFamily(text, starts, series[0], series[1], None)
+        recipe, values = series
+        return _RenderedFamily(text, starts, recipe, values, None)
     return _RenderedFamily(text, starts, None, None, family)
 
 

@@ -55,7 +55,7 @@ class Instruments:
                     observations = [
                         Observation(value, kept.get(_identity(attributes), attributes))
                         for value, attributes in points
-                        if not (isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX)
+                        if _exportable(value)
                     ]
                 previous = observations
                 if part is not None:
@@ -76,6 +76,11 @@ class Instruments:
         create(spec.name, callbacks=[callback], unit=spec.unit, description=spec.description)
 
 
+def _exportable(value: float) -> bool:
+    """Whether OTLP can carry ``value``: an integer beyond int64 is left out (its series with it)."""
+    return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
+
+
 def _identity(attributes: Attributes) -> tuple[object, ...]:
     return (tuple(attributes), tuple(attributes.values())) if attributes else ()
 
@@ -89,9 +94,7 @@ def _same_series_in_place(points: list[Point], previous: list[Observation]) -> l
     observations = []
     for (value, attributes), before in zip(points, previous, strict=True):
         stable = before.attributes
-        if (attributes is not stable and attributes != stable) or (
-            type(value) is int and not INT64_MIN <= value <= INT64_MAX
-        ):
+        if (attributes is not stable and attributes != stable) or not _exportable(value):
             return None
         observations.append(Observation(value, stable))
     return observations

@@ -213,9 +213,11 @@ def _lines_of(text: str, types: Iterable[str]) -> Iterator[str]:
     """The line of each of ``types`` in a ``<type> <values>`` file, in the file's order of the types."""
     starts = []
     for memory_type in types:
-        start = 0 if text.startswith(f"{memory_type} ") else text.find(f"\n{memory_type} ") + 1
-        if start or text.startswith(f"{memory_type} "):
-            starts.append(start)
+        head = f"{memory_type} "
+        if text.startswith(head):
+            starts.append(0)
+        elif (newline := text.find(f"\n{head}")) >= 0:
+            starts.append(newline + 1)
     for start in sorted(starts):
         end = text.find("\n", start)
         yield text[start:] if end < 0 else text[start:end]
