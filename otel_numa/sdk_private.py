@@ -951,12 +951,7 @@ class _ReusedRequests:
     def __init__(self, encode: Callable[[Any], Any]) -> None:
         self._encode = encode
         self._lock = threading.Lock()
-        # the previous request as bytes (a parsed request takes ~4.5x the memory), where its numbers lie,
-        # and its layout, held so that the ids compared below cannot be reused
-        self._encoded: bytearray | None = None
-        self._places: array[int] = array("i")
-        self._layout: list[object] = []
-        self._message: Callable[[bytes], Any] | None = None
+        self._kept: _KeptRequest | None = None
 
     def __call__(self, data: Any) -> Any:
         layout: list[object] = []
@@ -986,25 +981,31 @@ class _ReusedRequests:
                         layout.append(point.attributes)
                         points.append(point)
         with self._lock:
-            encoded, message = self._encoded, self._message
+            kept = self._kept
             # every time and value is written, start times too: a delta sum starts anew at every push,
             # and a series the janitor forgot comes back with the same attribute dict but a new start
             if (
-                encoded is not None
-                and message is not None
-                and _same_layout(layout, self._layout)
-                and write_points(encoded, self._places, points)
+                kept is not None
+                and _same_layout(layout, kept.layout)
+                and write_points(kept.encoded, kept.places, points)
             ):
-                return message(bytes(encoded))
+                return kept.parse(bytes(kept.encoded))
             request = self._encode(data)
-            self._encoded, self._places, self._layout = None, array("i"), []
+            self._kept = None
             serialized = request.SerializeToString()
             places = number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * len(points):
-                self._encoded, self._places, self._layout = bytearray(serialized), places, layout
-                self._message = type(request).FromString
+                self._kept = _KeptRequest(bytearray(serialized), places, layout, type(request).FromString)
             return request
+
+
+@dataclass(frozen=True)
+class _KeptRequest:
+    encoded: bytearray  # the request as bytes: a parsed request takes ~4.5x the memory
+    places: array[int]  # where its numbers lie (otel_numa.otlp_wire)
+    layout: list[object]  # held, so that the ids compared with it cannot be reused
+    parse: Callable[[bytes], Any]
 
 
 def _same_layout(now: list[object], before: list[object]) -> bool:
