@@ -169,21 +169,21 @@ class DeviceManagerState:
 # The podresources API -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerDevices:
     resource_name: str
     device_ids: tuple[str, ...]
     numa_ids: tuple[int, ...]  # sorted, without repeats; empty when the device has no NUMA affinity
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerMemory:
     memory_type: str  # "memory" or "hugepages-<size>"
     size: int  # bytes
     numa_ids: tuple[int, ...]  # sorted, without repeats
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     cpu_ids: frozenset[int]  # exclusive CPUs only; empty for containers in the shared pool
@@ -191,14 +191,14 @@ class ContainerResources:
     memory: tuple[ContainerMemory, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodResources:
     name: str
     namespace: str
     containers: tuple[ContainerResources, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllocatableResources:
     cpu_ids: frozenset[int]
     devices: tuple[ContainerDevices, ...]

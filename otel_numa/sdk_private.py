@@ -36,6 +36,7 @@ import operator
 import sys
 import threading
 import weakref
+import zlib
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -500,13 +501,22 @@ class _RepeatedPoints:
         return points
 
 
+_LOCK_TYPE = type(threading.Lock())
+# One lock for every aggregation of the agent's own instruments instead of one each (~90 bytes a series):
+# their measurements are consumed and their points collected one collection at a time, under the SDK's
+# consumer lock, so a lock per series never spares anyone a wait. Re-entrant, so that an SDK that ever took
+# two aggregations' locks on one thread would still not wait on itself.
+_OWN_AGGREGATIONS_LOCK = threading.RLock()
+
+
 class _SharedAttributeDicts:
     """Stands in for ``_ViewInstrumentMatch.consume_measurement``. The SDK copies a measurement's attribute
     dict on every measurement, because a caller may change it later, and a new series' aggregation keeps
     the copy for life. The agent's own instruments (its meter's, ``own_meters``) hand one flat dict per
     series that nothing ever changes (otel_numa.instruments.base), so a new series' aggregation keeps
-    that dict: a dict less per series. Any other meter, a view that keeps only some attribute keys, or a
-    match that starts afresh at every collection takes the SDK's path."""
+    that dict: a dict less per series. Their aggregations share one lock. Any other meter, a view that
+    keeps only some attribute keys, or a match that starts afresh at every collection takes the SDK's
+    path."""
 
     def __init__(
         self, consume: Callable[..., Any], own_meters: set[str], key_of: Callable[[Any], Any]
@@ -534,6 +544,12 @@ class _SharedAttributeDicts:
         if aggregation is None:
             with match._lock:
                 aggregation = match._get_or_create_aggregation(key, attributes)
+                if type(getattr(aggregation, "_lock", None)) is _LOCK_TYPE:
+                    aggregation._lock = _OWN_AGGREGATIONS_LOCK
+        elif aggregation._attributes is not attributes:
+            # a series seen again with a new dict of the same attributes (it left and came back): the
+            # aggregation takes the dict the instrument now holds, so the old one is not kept beside it
+            aggregation._attributes = attributes
         aggregation.aggregate(measurement, should_sample_exemplar)
 
 
@@ -607,6 +623,9 @@ FAST_PATHS = FastPaths()
 # family's series change or a scraper asks for the other format; otherwise its text gets the new values.
 
 _EOF = b"# EOF\n"
+# zlib's fastest level for the text and requests kept between scrapes and pushes: compressed when they change,
+# decompressed each time they are used
+KEPT_COMPRESSION_LEVEL = 1
 _SERIES = "_otel_numa_series"  # on a family of one sample per data point: (its recipe, its values)
 
 
@@ -753,7 +772,9 @@ class _OneFamily:
 
 @dataclass
 class _RenderedFamily:
-    text: bytes
+    # the family's text, compressed (its label sets repeat from line to line: a tenth of the bytes); a
+    # scrape decompresses it, which costs a fraction of rendering or compressing it
+    compressed: bytes
     # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
     # lines are not one plain "<series> <value>" line per sample
     value_starts: array[int] | None
@@ -761,6 +782,14 @@ class _RenderedFamily:
     recipe: _SeriesRecipe | None
     values: tuple[object, ...] | None
     family: Any
+
+    @property
+    def text(self) -> bytes:
+        return zlib.decompress(self.compressed)
+
+
+def _kept(text: bytes) -> bytes:
+    return zlib.compress(text, KEPT_COMPRESSION_LEVEL)
 
 
 class RenderedFamilies:
@@ -832,8 +861,8 @@ def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFa
     series = _series_of(family)
     if series is not None:
         recipe, values = series
-        return _RenderedFamily(text, starts, recipe, values, None)
-    return _RenderedFamily(text, starts, None, None, family)
+        return _RenderedFamily(_kept(text), starts, recipe, values, None)
+    return _RenderedFamily(_kept(text), starts, None, None, family)
 
 
 def _plain(sample: Any) -> bool:
@@ -897,7 +926,7 @@ def _with_new_values(
         written += len(number)
         copied_to = end
     parts.append(text[copied_to:])
-    return _RenderedFamily(b"".join(parts), starts, known.recipe, values, family)
+    return _RenderedFamily(_kept(b"".join(parts)), starts, known.recipe, values, family)
 
 
 def speed_up_prometheus_reader(reader: Any) -> bool:
@@ -984,26 +1013,28 @@ class _ReusedRequests:
             kept = self._kept
             # every time and value is written, start times too: a delta sum starts anew at every push,
             # and a series the janitor forgot comes back with the same attribute dict but a new start
-            if (
-                kept is not None
-                and _same_layout(layout, kept.layout)
-                and write_points(kept.encoded, kept.places, points)
-            ):
-                return kept.parse(bytes(kept.encoded))
+            if kept is not None and _same_layout(layout, kept.layout):
+                encoded = bytearray(zlib.decompress(kept.compressed))
+                if write_points(encoded, kept.places, points):
+                    return kept.parse(bytes(encoded))
             request = self._encode(data)
             self._kept = None
             serialized = request.SerializeToString()
             places = number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * len(points):
-                self._kept = _KeptRequest(bytearray(serialized), places, layout, type(request).FromString)
+                compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
+                self._kept = _KeptRequest(compressed, places, layout, type(request).FromString)
             return request
 
 
 @dataclass(frozen=True)
 class _KeptRequest:
-    encoded: bytearray  # the request as bytes: a parsed request takes ~4.5x the memory
-    places: array[int]  # where its numbers lie (otel_numa.otlp_wire)
+    # the request as it was first encoded, compressed: its attribute strings repeat from series to series,
+    # so it takes a fifteenth of its bytes (a parsed request would take ~4.5x them); every push writes all
+    # its numbers anew into a decompressed copy
+    compressed: bytes
+    places: array[int]  # where its numbers lie in the decompressed bytes (otel_numa.otlp_wire)
     layout: list[object]  # held, so that the ids compared with it cannot be reused
     parse: Callable[[bytes], Any]
 

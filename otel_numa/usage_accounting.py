@@ -191,12 +191,15 @@ def join_usage(
 
 def _nonzero(
     memory_by_type: Mapping[str, Mapping[int, int]], types: Iterable[str]
-) -> dict[str, dict[int, int]]:
+) -> dict[str, Mapping[int, int]]:
     """The exported types, without the nodes where the container has none: sparse, so that 1,000 containers
-    on 16 nodes do not make 64,000 series of zeros."""
-    found: dict[str, dict[int, int]] = {}
+    on 16 nodes do not make 64,000 series of zeros. A type with no zero is the parsed mapping itself, not a
+    copy (parsed readings are never changed)."""
+    found: dict[str, Mapping[int, int]] = {}
     for memory_type in types:
-        by_node = {node: amount for node, amount in memory_by_type.get(memory_type, {}).items() if amount}
+        by_node = memory_by_type.get(memory_type)
+        if by_node and 0 in by_node.values():
+            by_node = {node: amount for node, amount in by_node.items() if amount}
         if by_node:
             found[memory_type] = by_node
     return found

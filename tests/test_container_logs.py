@@ -72,3 +72,23 @@ def test_missing_root(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(SourceMissing):
         read_container_identities(tmp_path / "file")
+
+
+def test_names_listed_again_are_last_rounds_objects_while_they_are_equal(tmp_path: Path) -> None:
+    """Every round lists the directory anew; a container whose name did not change keeps last round's
+    identity object (and so its strings), and an unchanged listing is last round's mapping itself."""
+    from otel_numa.collectors.cgroups import ContainerLogNames
+
+    _link(tmp_path, f"web-0_shop_app-{ID_1}.log")
+    _link(tmp_path, f"web-1_shop_app-{ID_2}.log")
+    names = ContainerLogNames(tmp_path)
+    first = names()
+    again = names()
+    assert again is first
+    _link(tmp_path, f"web-2_shop_app-{ID_3}.log")
+    third = names()
+    assert third is not first and set(third) == {ID_1, ID_2, ID_3}
+    assert third[ID_1] is first[ID_1] and third[ID_2] is first[ID_2]
+    assert third[ID_3] == ContainerIdentity("web-2", "shop", "app", ID_3)
+    os.unlink(tmp_path / f"web-0_shop_app-{ID_1}.log")
+    assert names() == {ID_2: first[ID_2], ID_3: third[ID_3]}

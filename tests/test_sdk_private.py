@@ -726,6 +726,59 @@ def test_the_agents_own_series_keep_their_attribute_dict_in_the_sdk_and_others_g
     provider.shutdown()
 
 
+def test_a_series_back_with_a_new_dict_keeps_only_that_dict_and_own_series_share_one_lock() -> None:
+    """A series that left and came back with a new, equal attribute dict: its points carry the new dict,
+    so the SDK no longer holds the old one beside the instrument's. The agent's own aggregations share
+    one lock; another meter's keep one each."""
+    import threading
+
+    from otel_numa.pipeline import METER_NAME
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install(own_meter=METER_NAME)
+    rounds: list[list[Observation]] = []
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    for meter_name in (METER_NAME, "someone-else"):
+        provider.get_meter(meter_name).create_observable_gauge(
+            f"{meter_name}.g", callbacks=[lambda _options: rounds[-1]]
+        )
+
+    def points_of(name: str) -> list[Any]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for scope in data.resource_metrics[0].scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+    first, other = {"pod": "a"}, {"pod": "b"}
+    rounds.append([Observation(1, first), Observation(2, other)])
+    assert points_of(f"{METER_NAME}.g")[0].attributes is first
+    rounds.append([Observation(2, other)])
+    assert [p.attributes for p in points_of(f"{METER_NAME}.g")] == [other]
+    again = {"pod": "a"}
+    rounds.append([Observation(3, again), Observation(2, other)])
+    back = points_of(f"{METER_NAME}.g")
+    assert [(p.attributes, p.value) for p in back] == [({"pod": "a"}, 3), ({"pod": "b"}, 2)]
+    assert back[0].attributes is again and back[1].attributes is other
+
+    storage = provider._measurement_consumer._reader_storages[reader]
+    locks: dict[str, list[Any]] = {}
+    for instrument, matches in storage._instrument_view_instrument_matches.items():
+        for match in matches:
+            for aggregation in match._attributes_aggregation.values():
+                locks.setdefault(instrument.instrumentation_scope.name, []).append(aggregation._lock)
+    ours, theirs = locks[METER_NAME], locks["someone-else"]
+    assert len(ours) == len(theirs) == 2
+    assert ours[0] is ours[1] and isinstance(ours[0], type(threading.RLock()))
+    assert theirs[0] is not theirs[1] and theirs[0] is not ours[0]
+    provider.shutdown()
+
+
 def test_points_written_without_measurements_get_them_when_the_sdk_collects_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

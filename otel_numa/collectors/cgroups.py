@@ -75,7 +75,7 @@ class ContainerLogNames:
 
     def __call__(self) -> Mapping[str, ContainerIdentity]:
         try:
-            self._names = read_container_identities(self._root)
+            self._names = _kept_where_equal(read_container_identities(self._root), self._names)
             self._reported = None
         except SourceError as error:
             if isinstance(error, SourceMissing):
@@ -86,6 +86,19 @@ class ContainerLogNames:
                     "container names unavailable, containers without a name are not reported: %s", error
                 )
         return self._names
+
+
+def _kept_where_equal(
+    names: dict[str, ContainerIdentity], previous: Mapping[str, ContainerIdentity]
+) -> Mapping[str, ContainerIdentity]:
+    """``names``, with last round's identity object wherever it is equal, and last round's mapping itself
+    when all are: series made from a container's name then share its strings with those made before,
+    instead of holding a copy from each round that made one."""
+    for container_id, identity in names.items():
+        kept = previous.get(container_id)
+        if kept is not None and kept is not identity and kept == identity:
+            names[container_id] = kept
+    return previous if names == previous else names
 
 
 class CgroupCollector:
