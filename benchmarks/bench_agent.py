@@ -130,9 +130,6 @@ def soak(root: Path, rounds: int) -> dict[int, float]:
     agent = Agent(settings.to_options())
     refresh_background = agent.refresh_background
     pipeline = build_pipeline(settings.to_options(), agent.store, exporters=("prometheus",))
-    # as the running agent does: each background round tells the pipeline which pods live, and the series
-    # of departed pods are forgotten
-    agent.background.live_pods_listener = pipeline.forget_departed
     registry = pipeline.registry
     assert registry is not None
     process = psutil.Process()

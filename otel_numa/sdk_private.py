@@ -772,7 +772,7 @@ class _OneFamily:
 
 @dataclass
 class _RenderedFamily:
-    # the family's text, compressed (its label sets repeat from line to line: a tenth of the bytes); a
+    # the family's text, compressed (its label sets repeat from line to line: a twentieth of the bytes); a
     # scrape decompresses it, which costs a fraction of rendering or compressing it
     compressed: bytes
     # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
@@ -1031,7 +1031,7 @@ class _ReusedRequests:
 @dataclass(frozen=True)
 class _KeptRequest:
     # the request as it was first encoded, compressed: its attribute strings repeat from series to series,
-    # so it takes a fifteenth of its bytes (a parsed request would take ~4.5x them); every push writes all
+    # so it takes a sixteenth of its bytes (a parsed request would take ~4.5x them); every push writes all
     # its numbers anew into a decompressed copy
     compressed: bytes
     places: array[int]  # where its numbers lie in the decompressed bytes (otel_numa.otlp_wire)
