@@ -788,8 +788,9 @@ class _RenderedFamily:
         return zlib.decompress(self.compressed)
 
 
-def _kept(text: bytes) -> bytes:
-    return zlib.compress(text, KEPT_COMPRESSION_LEVEL)
+def _kept(data: bytes) -> bytes:
+    """The compressed form in which text and requests are kept between scrapes and pushes."""
+    return zlib.compress(data, KEPT_COMPRESSION_LEVEL)
 
 
 class RenderedFamilies:
@@ -1023,8 +1024,7 @@ class _ReusedRequests:
             places = number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * len(points):
-                compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
-                self._kept = _KeptRequest(compressed, places, layout, type(request).FromString)
+                self._kept = _KeptRequest(_kept(serialized), places, layout, type(request).FromString)
             return request
 
 
