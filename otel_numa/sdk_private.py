@@ -501,6 +501,45 @@ class _RepeatedPoints:
         return points
 
 
+class _UnreportedSeriesForgotten:
+    """Stands in for ``_ViewInstrumentMatch.collect`` under :class:`_RepeatedPoints`: after the SDK collects
+    one of the agent's observable instruments cumulatively, the aggregations that made no point (their
+    attribute set was not observed in this collection) are forgotten. The SDK keeps them for the life of
+    the provider, and only the janitor's departed pods would ever let them go: a live pod whose attribute
+    set changes (a new placement, a memory type that went to zero on a node) left its old sets behind
+    for as long as it lived. Such a set exports nothing either way; if it is observed again it starts
+    afresh, with a new start time, as any new series does."""
+
+    def __init__(self, collect: Callable[..., Any], own_meters: set[str]) -> None:
+        self._collect = collect
+        self._own_meters = own_meters
+
+    def __get__(self, match: Any, owner: type | None = None) -> Any:
+        return self if match is None else functools.partial(self.__call__, match)
+
+    def __call__(self, match: Any, temporality: Any, collection_start_nanos: int) -> Any:
+        points = self._collect(match, temporality, collection_start_nanos)
+        aggregations = match._attributes_aggregation
+        reported = len(points) if points else 0
+        if reported >= len(aggregations) or temporality is not AggregationTemporality.CUMULATIVE:
+            return points
+        instrument = match._instrument
+        if (
+            getattr(instrument, "_callbacks", None) is None  # a synchronous instrument's sets stay
+            or instrument.instrumentation_scope.name not in self._own_meters
+        ):
+            return points
+        kept_attributes = {id(point.attributes) for point in points or ()}
+        with match._lock:
+            # a new dict swapped in whole, as the janitor does
+            match._attributes_aggregation = {
+                key: aggregation
+                for key, aggregation in match._attributes_aggregation.items()
+                if id(aggregation._attributes) in kept_attributes
+            }
+        return points
+
+
 _LOCK_TYPE = type(threading.Lock())
 # One lock for every aggregation of the agent's own instruments instead of one each (~90 bytes a series):
 # their measurements are consumed and their points collected one collection at a time, under the SDK's
@@ -547,8 +586,8 @@ class _SharedAttributeDicts:
                 if type(getattr(aggregation, "_lock", None)) is _LOCK_TYPE:
                     aggregation._lock = _OWN_AGGREGATIONS_LOCK
         elif aggregation._attributes is not attributes:
-            # a series seen again with a new dict of the same attributes (it left and came back): the
-            # aggregation takes the dict the instrument now holds, so the old one is not kept beside it
+            # a series observed with a new dict of the same attributes: the aggregation takes the dict
+            # the instrument now holds, so the old one is not kept beside it
             aggregation._attributes = attributes
         aggregation.aggregate(measurement, should_sample_exemplar)
 
@@ -584,7 +623,11 @@ class FastPaths:
         instrument = importlib.import_module(_INSTRUMENT_MODULE)
         unchanged = _UnchangedInstruments(match._hash_attributes)
         if self._replace(instrument._Asynchronous, "callback", lambda f: _ReusedMeasurements(f, unchanged)):
-            self._replace(match._ViewInstrumentMatch, "collect", lambda f: _RepeatedPoints(f, unchanged))
+            self._replace(
+                match._ViewInstrumentMatch,
+                "collect",
+                lambda f: _RepeatedPoints(_UnreportedSeriesForgotten(f, self.own_meters), unchanged),
+            )
         self._replace(
             match._ViewInstrumentMatch,
             "consume_measurement",

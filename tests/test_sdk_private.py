@@ -726,8 +726,8 @@ def test_the_agents_own_series_keep_their_attribute_dict_in_the_sdk_and_others_g
     provider.shutdown()
 
 
-def test_a_series_back_with_a_new_dict_keeps_only_that_dict_and_own_series_share_one_lock() -> None:
-    """A series that left and came back with a new, equal attribute dict: its points carry the new dict,
+def test_a_series_with_a_new_dict_keeps_only_that_dict_and_own_series_share_one_lock() -> None:
+    """A series observed with a new, equal attribute dict: its points carry the new dict,
     so the SDK no longer holds the old one beside the instrument's. The agent's own aggregations share
     one lock; another meter's keep one each."""
     import threading
@@ -758,8 +758,6 @@ def test_a_series_back_with_a_new_dict_keeps_only_that_dict_and_own_series_share
     first, other = {"pod": "a"}, {"pod": "b"}
     rounds.append([Observation(1, first), Observation(2, other)])
     assert points_of(f"{METER_NAME}.g")[0].attributes is first
-    rounds.append([Observation(2, other)])
-    assert [p.attributes for p in points_of(f"{METER_NAME}.g")] == [other]
     again = {"pod": "a"}
     rounds.append([Observation(3, again), Observation(2, other)])
     back = points_of(f"{METER_NAME}.g")
@@ -776,6 +774,53 @@ def test_a_series_back_with_a_new_dict_keeps_only_that_dict_and_own_series_share
     assert len(ours) == len(theirs) == 2
     assert ours[0] is ours[1] and isinstance(ours[0], type(threading.RLock()))
     assert theirs[0] is not theirs[1] and theirs[0] is not ours[0]
+    provider.shutdown()
+
+
+def test_series_no_longer_observed_leave_the_sdk_at_once_for_the_agents_meter_only() -> None:
+    """An attribute set the agent's instrument stops observing (a pod still alive, placed anew) leaves the
+    SDK's storage at that collection, not when its pod goes; observed again, it is a new series with a new
+    start time. Another meter's sets stay, as the SDK keeps them."""
+    from otel_numa.pipeline import METER_NAME
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install(own_meter=METER_NAME)
+    observed: dict[str, list[Observation]] = {}
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    for meter_name in (METER_NAME, "someone-else"):
+        provider.get_meter(meter_name).create_observable_counter(
+            f"{meter_name}.c", callbacks=[lambda _options: observed["list"]]
+        )
+    storage = provider._measurement_consumer._reader_storages[reader]
+
+    def held() -> dict[str, int]:
+        return {
+            instrument.instrumentation_scope.name: len(match._attributes_aggregation)
+            for instrument, matches in storage._instrument_view_instrument_matches.items()
+            for match in matches
+        }
+
+    def starts() -> dict[str, int]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        scopes = data.resource_metrics[0].scope_metrics
+        metric = next(m for s in scopes for m in s.metrics if m.name == f"{METER_NAME}.c")
+        points: list[Any] = list(metric.data.data_points)
+        return {str(p.attributes["node"]): p.start_time_unix_nano for p in points}
+
+    old, new, shared = {"node": "0"}, {"node": "1"}, {"node": "shared"}
+    observed["list"] = [Observation(5, old), Observation(7, shared)]
+    first = starts()
+    assert held() == {METER_NAME: 2, "someone-else": 2}
+    observed["list"] = [Observation(6, new), Observation(8, shared)]
+    second = starts()
+    assert set(second) == {"1", "shared"} and second["shared"] == first["shared"]
+    assert held() == {METER_NAME: 2, "someone-else": 3}
+    observed["list"] = [Observation(9, old), Observation(8, shared)]
+    third = starts()
+    assert third["0"] > first["0"] and third["shared"] == first["shared"]
+    assert held() == {METER_NAME: 2, "someone-else": 3}
     provider.shutdown()
 
 
