@@ -38,7 +38,7 @@ import threading
 import weakref
 import zlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from prometheus_client.metrics_core import Metric as PrometheusMetric
 from prometheus_client.utils import floatToGoString
 
 from otel_numa.otlp_wire import number_point_places, write_points
+from otel_numa.series_attributes import SeriesAttributes
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class DepartedSeriesJanitor:
             kept = {}
             for key, aggregation in aggregations.items():
                 attributes = getattr(aggregation, "_attributes", None)
-                uid = attributes.get(POD_UID) if isinstance(attributes, dict) else None
+                uid = attributes.get(POD_UID) if isinstance(attributes, Mapping) else None
                 if not isinstance(uid, str) or uid in live_pods:
                     kept[key] = aggregation
             forgotten = len(aggregations) - len(kept)
@@ -165,12 +166,15 @@ _OPENMETRICS_MODULE = "prometheus_client.openmetrics.exposition"
 class _FlatAttributesKept:
     """``_clean_attribute_value`` for a Measurement's attributes: a flat dict of non-empty string keys and
     string/integer values, which the SDK's cleaning would only copy, is passed on as it is (the agent never
-    changes an attribute dict it has handed over); anything else is cleaned by the SDK."""
+    changes an attribute dict it has handed over), and so is the agent's immutable :class:`SeriesAttributes`;
+    anything else is cleaned by the SDK."""
 
     def __init__(self, clean: Callable[..., Any]) -> None:
         self._clean = clean
 
     def __call__(self, value: Any, max_length: int | None) -> Any:
+        if max_length is None and type(value) is SeriesAttributes:
+            return value
         if (
             max_length is None
             and type(value) is dict
@@ -188,13 +192,15 @@ class _CompactAttributeKeys:
     order. Equal attribute sets give equal keys whatever their dict order; anything else (floats,
     booleans, sequences) takes the SDK's own form, whose first item is a string, so the two never
     collide. Each series' key, held by the SDK for its life, is then one tuple instead of one tuple per
-    attribute."""
+    attribute. The agent's :class:`SeriesAttributes` already are that tuple: they are their own key."""
 
     def __init__(self, hash_attributes: Callable[[Any], Any]) -> None:
         self._hash = hash_attributes
         self._layouts: dict[tuple[str, ...], tuple[tuple[str, ...], Callable[[Any], Any]]] = {}
 
     def __call__(self, attributes: Any) -> Any:
+        if type(attributes) is SeriesAttributes:
+            return attributes
         if type(attributes) is not dict or not attributes:
             return self._hash(attributes)
         layout = self._layouts.get(tuple(attributes))
@@ -541,6 +547,7 @@ class _UnreportedSeriesForgotten:
 
 
 _LOCK_TYPE = type(threading.Lock())
+_OWN_ATTRIBUTE_TYPES = frozenset({dict, SeriesAttributes})
 # One lock for every aggregation of the agent's own instruments instead of one each (~90 bytes a series):
 # their measurements are consumed and their points collected one collection at a time, under the SDK's
 # consumer lock, so a lock per series never spares anyone a wait. Re-entrant, so that an SDK that ever took
@@ -551,11 +558,11 @@ _OWN_AGGREGATIONS_LOCK = threading.RLock()
 class _SharedAttributeDicts:
     """Stands in for ``_ViewInstrumentMatch.consume_measurement``. The SDK copies a measurement's attribute
     dict on every measurement, because a caller may change it later, and a new series' aggregation keeps
-    the copy for life. The agent's own instruments (its meter's, ``own_meters``) hand one flat dict per
-    series that nothing ever changes (otel_numa.instruments.base), so a new series' aggregation keeps
-    that dict: a dict less per series. Their aggregations share one lock. Any other meter, a view that
-    keeps only some attribute keys, or a match that starts afresh at every collection takes the SDK's
-    path."""
+    the copy for life. The agent's own instruments (its meter's, ``own_meters``) hand one flat mapping per
+    series that nothing ever changes (a :class:`SeriesAttributes`, or a dict; otel_numa.instruments.base),
+    so a new series' aggregation keeps that mapping: a copy less per series. Their aggregations share one
+    lock. Any other meter, a view that keeps only some attribute keys, or a match that starts afresh at
+    every collection takes the SDK's path."""
 
     def __init__(
         self, consume: Callable[..., Any], own_meters: set[str], key_of: Callable[[Any], Any]
@@ -570,7 +577,7 @@ class _SharedAttributeDicts:
     def __call__(self, match: Any, measurement: Any, should_sample_exemplar: bool = True) -> None:
         attributes = measurement.attributes
         if (
-            type(attributes) is not dict
+            type(attributes) not in _OWN_ATTRIBUTE_TYPES
             or not attributes
             or match._view._attribute_keys is not None
             or match._reset_on_collect

@@ -9,6 +9,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.util.types import Attributes
 
 from otel_numa.catalogue import NUMA_ID, MetricSpec
+from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
 from otel_numa.snapshot import Snapshot, SnapshotStore
 
 Point = tuple[float | int, Attributes]
@@ -49,14 +50,14 @@ class Instruments:
                 points = list(observe(snapshot))
                 observations = _same_series_in_place(points, previous)
                 if observations is None:
-                    # the same dict object for a series as long as it exists, whatever its value: found by
-                    # the series' identity among last time's (made only now: series come and go rarely)
+                    # the same attributes object for a series as long as it exists, whatever its value:
+                    # found among last time's (made only now: series come and go rarely)
                     kept = {_identity(o.attributes): o.attributes for o in previous}
-                    observations = [
-                        Observation(value, kept.get(_identity(attributes), attributes))
-                        for value, attributes in points
-                        if _exportable(value)
-                    ]
+                    observations = []
+                    for value, attributes in points:
+                        if _exportable(value):
+                            stable = series_attributes(attributes) if attributes else attributes
+                            observations.append(Observation(value, kept.get(_identity(stable), stable)))
                 previous = observations
                 if part is not None:
                     cache = (key, observations)
@@ -81,20 +82,22 @@ def _exportable(value: float) -> bool:
     return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
 
 
-def _identity(attributes: Attributes) -> tuple[object, ...]:
+def _identity(attributes: Attributes) -> object:
+    if type(attributes) is SeriesAttributes:
+        return attributes  # hashable and equal for equal sets
     return (tuple(attributes), tuple(attributes.values())) if attributes else ()
 
 
 def _same_series_in_place(points: list[Point], previous: list[Observation]) -> list[Observation] | None:
     """Observations for ``points`` when they are last time's series in last time's order (new values, as
-    after a cgroup round): each keeps the attribute dict of the observation at its place, found by one
-    comparison instead of a lookup by identity. ``None`` when any series differs."""
+    after a cgroup round): each keeps the attributes of the observation at its place, found by one
+    comparison instead of a lookup. ``None`` when any series differs."""
     if len(points) != len(previous):
         return None
     observations = []
     for (value, attributes), before in zip(points, previous, strict=True):
         stable = before.attributes
-        if (attributes is not stable and attributes != stable) or not _exportable(value):
+        if (attributes is not stable and not same_attributes(stable, attributes)) or not _exportable(value):
             return None
         observations.append(Observation(value, stable))
     return observations

@@ -1,0 +1,76 @@
+"""The agent's per-series attributes: one immutable tuple that is a mapping, and the SDK's key for its set."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from opentelemetry.metrics import Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.util.types import AttributeValue
+
+from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
+
+POD: dict[str, AttributeValue] = {
+    "k8s.pod.uid": "uid-1",
+    "k8s.container.name": "app",
+    "k8s.pod.name": "web-0",
+    "k8s.namespace.name": "shop",
+    "numa.node.id": 1,
+    "numa.memory.type": "anon",
+}
+
+
+def test_flat_attributes_become_one_mapping_equal_to_the_dict_whatever_the_order() -> None:
+    attributes = series_attributes(POD)
+    backwards = series_attributes(dict(reversed(POD.items())))
+    assert type(attributes) is SeriesAttributes
+    assert attributes == backwards and hash(attributes) == hash(backwards)
+    assert attributes == POD
+    assert POD == attributes  # noqa: SIM300 (the dict's side: its comparison hands over to the mapping)
+    assert (attributes != POD) is False
+    assert dict(attributes) == POD and {**attributes} == POD and len(attributes) == 6
+    assert attributes["numa.node.id"] == 1 and attributes.get("absent") is None
+    assert "k8s.pod.uid" in attributes and "uid-1" not in attributes
+    assert list(attributes) == sorted(POD)
+    assert list(attributes.items()) == sorted(POD.items())
+    assert list(attributes.values()) == [POD[key] for key in sorted(POD)]
+    assert attributes != {**POD, "numa.node.id": 0}
+    assert series_attributes(attributes) is attributes
+    assert sys.getsizeof(attributes) < sys.getsizeof(POD) / 2
+
+
+def test_attributes_that_are_not_flat_stay_as_they_are() -> None:
+    for other in ({"ratio": 0.5}, {"on": True}, {"ids": (1, 2)}, {1: "x"}, {}):
+        assert series_attributes(other) is other  # type: ignore[arg-type]
+
+
+def test_same_attributes_compares_an_instruments_new_dict_with_the_kept_mapping() -> None:
+    kept = series_attributes(POD)
+    assert same_attributes(kept, dict(POD))
+    assert not same_attributes(kept, {**POD, "numa.memory.type": "file"})
+    assert not same_attributes(kept, {key: value for key, value in POD.items() if key != "numa.node.id"})
+    assert not same_attributes(kept, {**POD, "numa.node.id": "1"})  # a string is another attribute value
+
+
+def test_the_sdk_keys_the_series_by_the_mapping_itself_and_exports_its_items() -> None:
+    from otel_numa.pipeline import METER_NAME
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install(own_meter=METER_NAME)
+    attributes = series_attributes(POD)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter(METER_NAME).create_observable_gauge(
+        "g", callbacks=[lambda _options: [Observation(7, attributes), Observation(8, dict(POD))]]
+    )
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: list[Any] = list(data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points)
+    assert [(point.attributes, point.value) for point in points] == [(POD, 8)]  # one series: the same set
+    storage = provider._measurement_consumer._reader_storages[reader]
+    (match,) = next(iter(storage._instrument_view_instrument_matches.values()))
+    keys: list[object] = list(match._attributes_aggregation)
+    assert len(keys) == 1 and keys[0] is attributes
+    provider.shutdown()
