@@ -78,6 +78,22 @@ def started_agent(node: KubeletScenario, server: PodResourcesServer) -> Agent:
     return agent
 
 
+def batches_without_the_janitor(
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """The pages of 11 batches (more pods than the cardinality limit); the janitor never hears who lives."""
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    agent = started_agent(node, server)
+    monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
+    assert agent.scheduler is not None
+    agent.scheduler._tasks = [*agent.background.tasks, agent._push]
+    churn = Churn(node, server, agent)
+    try:
+        return [churn.next_batch() for _ in range(CARDINALITY_LIMIT // BATCH + 1)]
+    finally:
+        agent.stop(timeout_s=2)
+
+
 def rss() -> int:
     gc.collect()
     return int(psutil.Process().memory_info().rss)
@@ -115,17 +131,8 @@ def test_without_forgetting_the_sdk_folds_new_pods_into_overflow(
     ways of forgetting off: the janitor's departed pods and the sets a collection no longer observed."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
 
-    node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server)
-    monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
     monkeypatch.setattr(_ViewInstrumentMatch.__dict__["collect"]._collect, "_own_meters", set())
-    assert agent.scheduler is not None
-    agent.scheduler._tasks = [*agent.background.tasks, agent._push]
-    churn = Churn(node, server, agent)
-    try:
-        texts = [churn.next_batch() for _ in range(CARDINALITY_LIMIT // BATCH + 1)]
-    finally:
-        agent.stop(timeout_s=2)
+    texts = batches_without_the_janitor(tmp_path, server, monkeypatch)
     assert "otel_metric_overflow" not in texts[0]
     assert "otel_metric_overflow" in texts[-1]
 
@@ -135,16 +142,7 @@ def test_without_the_janitor_collections_alone_forget_departed_pods(
 ) -> None:
     """A departed pod's sets are no longer observed, so the collection after it left forgets them even when
     the janitor never hears of live pods."""
-    node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server)
-    monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
-    assert agent.scheduler is not None
-    agent.scheduler._tasks = [*agent.background.tasks, agent._push]
-    churn = Churn(node, server, agent)
-    try:
-        texts = [churn.next_batch() for _ in range(CARDINALITY_LIMIT // BATCH + 1)]
-    finally:
-        agent.stop(timeout_s=2)
+    texts = batches_without_the_janitor(tmp_path, server, monkeypatch)
     assert not any("otel_metric_overflow" in text for text in texts)
     pods = {dict(key)["k8s_pod_uid"] for key in series(texts[-1], "numa_container_cpu_allocated")}
     assert pods == {uid(i) for i in range(1_000, 1_100)}
