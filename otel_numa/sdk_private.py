@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import logging
 import math
-import operator
 import sys
 import threading
 import weakref
@@ -49,7 +48,7 @@ from prometheus_client.metrics_core import Metric as PrometheusMetric
 from prometheus_client.utils import floatToGoString
 
 from otel_numa.otlp_wire import number_point_places, write_points
-from otel_numa.series_attributes import SeriesAttributes
+from otel_numa.series_attributes import FLAT_VALUE_TYPES, SeriesAttributes, series_attributes
 
 log = logging.getLogger(__name__)
 
@@ -180,51 +179,33 @@ class _FlatAttributesKept:
             and type(value) is dict
             and "" not in value
             and _KEY_TYPES.issuperset(map(type, value))
-            and _FLAT_TYPES.issuperset(map(type, value.values()))
+            and FLAT_VALUE_TYPES.issuperset(map(type, value.values()))
         ):
             return value
         return self._clean(value, max_length)
 
 
 class _CompactAttributeKeys:
-    """The SDK's attribute-set key, in a smaller form for flat string/integer attributes (the agent's):
-    one tuple of the sorted keys (shared by every series with those keys), then the values in that
-    order. Equal attribute sets give equal keys whatever their dict order; anything else (floats,
-    booleans, sequences) takes the SDK's own form, whose first item is a string, so the two never
+    """The SDK's attribute-set key, in a smaller form for flat string/integer attributes (the agent's): the
+    :class:`SeriesAttributes` tuple of the sorted keys (shared by every series with those keys), then the
+    values in that order. Equal attribute sets give equal keys whatever their dict order; anything else
+    (floats, booleans, sequences) takes the SDK's own form, whose first item is a string, so the two never
     collide. Each series' key, held by the SDK for its life, is then one tuple instead of one tuple per
-    attribute. The agent's :class:`SeriesAttributes` already are that tuple: they are their own key."""
+    attribute, and the agent's own :class:`SeriesAttributes` are their own key."""
 
     def __init__(self, hash_attributes: Callable[[Any], Any]) -> None:
         self._hash = hash_attributes
-        self._layouts: dict[tuple[str, ...], tuple[tuple[str, ...], Callable[[Any], Any]]] = {}
 
     def __call__(self, attributes: Any) -> Any:
         if type(attributes) is SeriesAttributes:
             return attributes
-        if type(attributes) is not dict or not attributes:
-            return self._hash(attributes)
-        layout = self._layouts.get(tuple(attributes))
-        if layout is None:
-            layout = self._layout(tuple(attributes))
-            if layout is None:
-                return self._hash(attributes)
-        sorted_keys, values_of = layout
-        values = values_of(attributes)
-        if not _FLAT_TYPES.issuperset(map(type, values)):
-            return self._hash(attributes)
-        return (sorted_keys, *values)
-
-    def _layout(self, keys: tuple[Any, ...]) -> tuple[tuple[str, ...], Callable[[Any], Any]] | None:
-        if not all(type(key) is str for key in keys) or len(self._layouts) >= 4096:
-            return None
-        sorted_keys = tuple(sorted(keys))
-        getter = operator.itemgetter(*sorted_keys)
-        values_of = getter if len(keys) > 1 else (lambda attributes: (getter(attributes),))
-        self._layouts[keys] = (sorted_keys, values_of)
-        return sorted_keys, values_of
+        if type(attributes) is dict:
+            key = series_attributes(attributes)
+            if type(key) is SeriesAttributes:
+                return key
+        return self._hash(attributes)
 
 
-_FLAT_TYPES = frozenset({str, int})  # exactly these types: bool and float compare equal to ints
 _KEY_TYPES = frozenset({str})
 
 

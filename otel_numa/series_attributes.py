@@ -2,7 +2,7 @@
 
 The agent keeps one attribute mapping per series for the series' life, shared by its instruments, the
 OpenTelemetry SDK's aggregation and the exporters. A dict of six to eight attributes takes 272 bytes, and the
-SDK needs a hashable key for it besides (another ~100). This tuple is both, in ~110 bytes: equal attribute
+SDK needs a hashable key for it besides (another ~100). This tuple is both, in ~100 bytes: equal attribute
 sets are equal tuples (the keys come sorted, and one keys tuple is shared by every series with those keys),
 so the SDK's attribute-set key can be the mapping itself (otel_numa.sdk_private). Only flat attributes, string
 keys with string or integer values (the agent's), take this form.
@@ -16,7 +16,7 @@ from typing import Any
 
 from opentelemetry.util.types import Attributes, AttributeValue
 
-_FLAT_VALUE_TYPES = frozenset({str, int})  # exactly these: bool and float compare equal to ints
+FLAT_VALUE_TYPES = frozenset({str, int})  # exactly these: bool and float compare equal to ints
 _MAX_LAYOUTS = 4096  # key layouts remembered; the agent's instruments have a few dozen
 
 
@@ -103,7 +103,7 @@ def series_attributes(attributes: Mapping[str, AttributeValue]) -> Mapping[str, 
         return attributes
     sorted_keys, values_of = layout
     values = values_of(attributes)
-    if not _FLAT_VALUE_TYPES.issuperset(map(type, values)):
+    if not FLAT_VALUE_TYPES.issuperset(map(type, values)):
         return attributes
     return tuple.__new__(SeriesAttributes, (sorted_keys, *values))
 
