@@ -165,6 +165,8 @@ class NoExemplars(ExemplarReservoir):
     """Observable instruments carry no exemplars: one stateless reservoir shared by every series, instead
     of a reservoir with its own storage and lock per series (memory per series, and work per collection)."""
 
+    otel_numa_stateless = True  # sdk_private.STATELESS_RESERVOIR: the agent's series need no reservoir each
+
     def offer(self, value: float, time_unix_nano: int, attributes: Attributes, context: Context) -> None:
         return None
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics._internal.aggregation import _LastValueAggregation, _SumAggregation
 from opentelemetry.sdk.metrics._internal.measurement import Measurement as _Measurement
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, NumberDataPoint, Sum
 from prometheus_client.metrics_core import Metric as PrometheusMetric
@@ -570,7 +571,7 @@ class _SharedAttributeDicts:
         aggregation = match._attributes_aggregation.get(key)
         if aggregation is None:
             with match._lock:
-                aggregation = match._get_or_create_aggregation(key, attributes)
+                aggregation = _observed_series(match, key, match._get_or_create_aggregation(key, attributes))
                 if type(getattr(aggregation, "_lock", None)) is _LOCK_TYPE:
                     aggregation._lock = _OWN_AGGREGATIONS_LOCK
         elif aggregation._attributes is not attributes:
@@ -578,6 +579,86 @@ class _SharedAttributeDicts:
             # the instrument now holds, so the old one is not kept beside it
             aggregation._attributes = attributes
         aggregation.aggregate(measurement, should_sample_exemplar)
+
+
+class _ObservedSum:
+    """An observable counter's or up-down counter's series as the SDK's ``_SumAggregation`` keeps it for an
+    asynchronous instrument (cumulative values, no exemplars), in five slots: the SDK's object carries a
+    dict of ten attributes, a reservoir and a lock (~200 bytes a series where this takes 72). Its points are
+    the SDK's, for a cumulative and for a delta collection alike."""
+
+    __slots__ = ("_attributes", "_previous_start", "_previous_value", "_start", "_value")
+
+    def __init__(self, attributes: Any, start_time_unix_nano: int) -> None:
+        self._attributes = attributes
+        self._start = start_time_unix_nano
+        self._value: Any = None
+        self._previous_value: Any = 0
+        self._previous_start = start_time_unix_nano
+
+    def aggregate(self, measurement: Any, should_sample_exemplar: bool = True) -> None:
+        # one series observed twice in a collection adds up, as in the SDK
+        value = measurement.value
+        self._value = value if self._value is None else self._value + value
+
+    def collect(self, temporality: AggregationTemporality, start_nano: int) -> NumberDataPoint | None:
+        value, self._value = self._value, None
+        if value is None:
+            return None
+        start = self._start
+        if temporality is AggregationTemporality.DELTA:
+            value, self._previous_value = value - self._previous_value, value
+            start, self._previous_start = self._previous_start, start_nano
+        return NumberDataPoint(self._attributes, start, start_nano, value, [])
+
+
+class _ObservedLastValue:
+    """An observable gauge's series as the SDK's ``_LastValueAggregation`` keeps it for an asynchronous
+    instrument without exemplars, in two slots (the SDK's object: a dict of six attributes, a reservoir
+    and a lock)."""
+
+    __slots__ = ("_attributes", "_value")
+
+    def __init__(self, attributes: Any) -> None:
+        self._attributes = attributes
+        self._value: Any = None
+
+    def aggregate(self, measurement: Any, should_sample_exemplar: bool = True) -> None:
+        self._value = measurement.value
+
+    def collect(self, temporality: AggregationTemporality, start_nano: int) -> NumberDataPoint | None:
+        value, self._value = self._value, None
+        if value is None:
+            return None
+        return NumberDataPoint(self._attributes, None, start_nano, value, [])  # type: ignore[arg-type]
+
+
+def _observed_series(match: Any, key: Any, aggregation: Any) -> Any:
+    """The series the SDK has just made for ``key``, as an :class:`_ObservedSum` or an
+    :class:`_ObservedLastValue` when it is an asynchronous instrument's sum or last value without
+    exemplars (the agent's instruments): put in the SDK's place for it and returned; otherwise
+    ``aggregation`` as it is (a synchronous instrument, a histogram, the cardinality limit's overflow
+    series, exemplars asked for)."""
+    if match._attributes_aggregation.get(key) is not aggregation or not getattr(
+        getattr(aggregation, "_reservoir", None), STATELESS_RESERVOIR, False
+    ):
+        return aggregation
+    kind = type(aggregation)
+    observed: _ObservedSum | _ObservedLastValue
+    if kind is _SumAggregation and aggregation._instrument_aggregation_temporality is _CUMULATIVE:
+        observed = _ObservedSum(aggregation._attributes, aggregation._start_time_unix_nano)
+    elif kind is _LastValueAggregation and aggregation._instrument_is_synchronous is False:
+        observed = _ObservedLastValue(aggregation._attributes)
+    else:
+        return aggregation
+    match._attributes_aggregation[key] = observed
+    return observed
+
+
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+# set to True on an exemplar reservoir that keeps nothing (otel_numa.pipeline.NoExemplars): an aggregation
+# with one needs none of its own
+STATELESS_RESERVOIR = "otel_numa_stateless"
 
 
 class _Raising:

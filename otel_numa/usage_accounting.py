@@ -41,6 +41,7 @@ from otel_numa.model import (
     ContainerUsage,
     CpuTimeSplit,
     Topology,
+    shared_set,
 )
 
 # Memory types exported per container and node by default: every type adds a series per container and node
@@ -72,7 +73,7 @@ class MachineNodes:
 
 
 def nodes_of_cpus(cpus: frozenset[int], machine: MachineNodes) -> frozenset[int]:
-    return frozenset(node for node, node_cpus in machine.cpus.items() if cpus & node_cpus)
+    return shared_set(node for node, node_cpus in machine.cpus.items() if cpus & node_cpus)
 
 
 def resident_by_node(memory_by_type: Mapping[str, Mapping[int, int]], layout: CgroupLayout) -> dict[int, int]:
@@ -86,9 +87,9 @@ def resident_by_node(memory_by_type: Mapping[str, Mapping[int, int]], layout: Cg
 def allocated_nodes(allocation: ContainerAllocation | None) -> frozenset[int]:
     """Nodes of the container's memory manager blocks (memory and hugepages)."""
     if allocation is None:
-        return frozenset()
+        return shared_set(())
     nodes = set(allocation.memory_bytes) | {numa for numa, _size in allocation.hugepages_bytes}
-    return frozenset(node for node in nodes if node != NO_NUMA)
+    return shared_set(node for node in nodes if node != NO_NUMA)
 
 
 def intended_nodes(

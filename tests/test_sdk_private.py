@@ -897,3 +897,109 @@ def test_a_reused_otlp_request_gets_the_new_start_of_a_series_the_janitor_forgot
     ]
     assert starts[0] < starts[1]  # b's aggregation is new
     provider.shutdown()
+
+
+def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_either_temporality() -> None:
+    """A series of the agent's observable counters, up-down counters and gauges (no exemplars, through
+    the pipeline's view) is kept as an ``_ObservedSum`` or ``_ObservedLastValue`` instead of the SDK's
+    aggregation; another meter's keep the SDK's. Their points are the SDK's, collected cumulatively and as
+    deltas: values, a series observed twice in one callback, start times."""
+    from opentelemetry.sdk.metrics import ObservableCounter, ObservableGauge, ObservableUpDownCounter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import View
+
+    from otel_numa.pipeline import METER_NAME, _no_exemplars
+    from otel_numa.sdk_private import FAST_PATHS
+
+    FAST_PATHS.install(own_meter=METER_NAME)
+    delta = AggregationTemporality.DELTA
+    cumulative_reader = InMemoryMetricReader()
+    delta_reader = InMemoryMetricReader(
+        preferred_temporality={
+            ObservableCounter: delta,
+            ObservableUpDownCounter: delta,
+            ObservableGauge: delta,
+        }
+    )
+    provider = MeterProvider(
+        metric_readers=[cumulative_reader, delta_reader],
+        views=[View(instrument_name="*", exemplar_reservoir_factory=_no_exemplars)],
+    )
+    a, b = {"pod": "a"}, {"pod": "b"}
+    rounds = [
+        [Observation(5, a), Observation(2, b), Observation(3, b)],
+        [Observation(7, a), Observation(1, b), Observation(1, b)],
+        [Observation(9.5, a), Observation(4, b), Observation(0.5, b)],
+    ]
+    now: list[list[Observation]] = []
+    kinds = ("counter", "up_down_counter", "gauge")
+    for meter_name in (METER_NAME, "someone-else"):
+        meter = provider.get_meter(meter_name)
+        for kind in kinds:
+            create = getattr(meter, f"create_observable_{kind}")
+            create(f"{meter_name}.{kind}", callbacks=[lambda _options: now[-1]])
+
+    def collected(reader: InMemoryMetricReader) -> dict[str, list[tuple[Any, Any, Any]]]:
+        data = reader.get_metrics_data()
+        assert data is not None
+        found: dict[str, list[tuple[Any, Any, Any]]] = {}
+        for scope in data.resource_metrics[0].scope_metrics:
+            for metric in scope.metrics:
+                points: list[Any] = list(metric.data.data_points)
+                found[metric.name] = [(p.attributes, p.start_time_unix_nano, p.value) for p in points]
+                assert all(p.exemplars == [] for p in points)
+        return found
+
+    history: dict[str, list[list[tuple[Any, Any, Any]]]] = {}
+    for observations in rounds:
+        now.append(observations)
+        for name, reader in (("cumulative", cumulative_reader), ("delta", delta_reader)):
+            for metric_name, points in collected(reader).items():
+                history.setdefault(f"{name} {metric_name}", []).append(points)
+
+    for name in ("cumulative", "delta"):
+        for kind in kinds:
+            ours, theirs = history[f"{name} {METER_NAME}.{kind}"], history[f"{name} someone-else.{kind}"]
+            assert [[(dict(at), v) for at, _, v in r] for r in ours] == [
+                [(dict(at), v) for at, _, v in r] for r in theirs
+            ], (name, kind)
+            if kind != "gauge":
+                assert [s is None for r in ours for _, s, _ in r] == [False] * 6
+    cumulative_values = [[v for _, _, v in r] for r in history[f"cumulative {METER_NAME}.counter"]]
+    assert cumulative_values == [[5, 5], [7, 2], [9.5, 4.5]]
+    delta_values = [[v for _, _, v in r] for r in history[f"delta {METER_NAME}.counter"]]
+    assert delta_values == [[5, 5], [2, -3], [2.5, 2.5]]
+    for name in ("cumulative", "delta"):
+        for kind in ("counter", "up_down_counter"):
+            ours = history[f"{name} {METER_NAME}.{kind}"]
+            theirs = history[f"{name} someone-else.{kind}"]
+            # the start of each point relative to the collections: the same for both meters
+            assert _start_pattern(ours) == _start_pattern(theirs), (name, kind)
+    # cumulative: each series keeps the start it was created with; delta: each starts at the last collection
+    assert _start_pattern(history[f"cumulative {METER_NAME}.counter"]) == [0, 1, 0, 1, 0, 1]
+    assert _start_pattern(history[f"delta {METER_NAME}.counter"]) == [0, 1, 2, 2, 3, 3]
+
+    observed: dict[str, set[str]] = {}
+    for storage in provider._measurement_consumer._reader_storages.values():
+        for instrument, matches in storage._instrument_view_instrument_matches.items():
+            for match in matches:
+                for aggregation in match._attributes_aggregation.values():
+                    scope = instrument.instrumentation_scope.name
+                    observed.setdefault(scope, set()).add(type(aggregation).__name__)
+    assert observed == {
+        METER_NAME: {"_ObservedSum", "_ObservedLastValue"},
+        "someone-else": {"_SumAggregation", "_LastValueAggregation"},
+    }
+    provider.shutdown()
+
+
+def _start_pattern(rounds: list[list[tuple[Any, Any, Any]]]) -> list[int]:
+    """Each point's start as the number of distinct starts seen before it first appeared (0: the first)."""
+    seen: list[Any] = []
+    pattern = []
+    for round_points in rounds:
+        for _, start, _ in round_points:
+            if start not in seen:
+                seen.append(start)
+            pattern.append(seen.index(start))
+    return pattern

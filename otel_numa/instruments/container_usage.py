@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 from opentelemetry.util.types import AttributeValue
@@ -17,6 +18,7 @@ MEMORY_NODE_IDS = "numa.memory.node.ids"
 LOCALITY_NODE_IDS = "numa.locality.node.ids"
 
 
+@functools.lru_cache(maxsize=256)  # one string per distinct set, shared by every container's series
 def node_list(nodes: frozenset[int]) -> str:
     """``{1, 0}`` -> ``"0,1"``: ascending ids, comma separated."""
     return ",".join(str(node) for node in sorted(nodes))

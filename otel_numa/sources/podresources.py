@@ -24,6 +24,7 @@ from otel_numa.model import (
     ContainerMemory,
     ContainerResources,
     PodResources,
+    shared_set,
 )
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
@@ -146,7 +147,7 @@ class PodResourcesClient:
             ),
         )
         return AllocatableResources(
-            cpu_ids=frozenset(response.cpu_ids),
+            cpu_ids=shared_set(response.cpu_ids),
             devices=tuple(_devices(device) for device in response.devices),
             memory=tuple(_memory(block) for block in response.memory),
         )
@@ -198,7 +199,7 @@ def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerR
     return tuple(
         ContainerResources(
             name=container.name,
-            cpu_ids=frozenset(container.cpu_ids),
+            cpu_ids=shared_set(container.cpu_ids),
             devices=tuple(_devices(device) for device in container.devices),
             memory=tuple(_memory(block) for block in container.memory),
         )
