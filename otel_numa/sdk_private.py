@@ -210,6 +210,53 @@ class _CompactAttributeKeys:
 _KEY_TYPES = frozenset({str})
 
 
+class SlimPoint(NumberDataPoint):
+    """A ``NumberDataPoint`` in slots, with no exemplar list of its own: ~110 bytes where the SDK's takes
+    ~300 with its dict and list. The agent makes one per series at every collection, and all of a
+    collection's exist at once, so they set how far memory rises while it runs. Equal to a
+    ``NumberDataPoint`` with the same fields."""
+
+    __slots__ = ("attributes", "exemplars", "start_time_unix_nano", "time_unix_nano", "value")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NumberDataPoint):
+            return NotImplemented
+        return _fields_of(self) == _fields_of(other)
+
+    __hash__ = NumberDataPoint.__hash__
+
+
+def _fields_of(point: NumberDataPoint) -> tuple[Any, ...]:
+    return (
+        point.attributes,
+        point.start_time_unix_nano,
+        point.time_unix_nano,
+        point.value,
+        list(point.exemplars),
+    )
+
+
+_NO_EXEMPLARS: tuple[()] = ()
+_new_object = object.__new__
+_set_attributes, _set_exemplars, _set_start, _set_time, _set_value = (
+    SlimPoint.__dict__[name].__set__ for name in SlimPoint.__slots__
+)
+
+
+def slim_point(attributes: Any, start: Any, time: int, value: Any) -> NumberDataPoint:
+    """A :class:`SlimPoint` (set through its slots: a frozen dataclass's ``__init__`` costs more)."""
+    point = _new_object(SlimPoint)
+    _set_attributes(point, attributes)
+    _set_exemplars(point, _NO_EXEMPLARS)
+    _set_start(point, start)
+    _set_time(point, time)
+    _set_value(point, value)
+    return point
+
+
+_PLAIN_POINTS = frozenset({NumberDataPoint, SlimPoint})
+
+
 class _ReusedMeasurements:
     """Stands in for ``_Asynchronous.callback``, the SDK's loop that turns an observable instrument's
     observations into Measurements: while the instrument's callback hands back the very same list of
@@ -454,27 +501,17 @@ class _RepeatedPoints:
         unchanged = self._unchanged
         last = unchanged.repeating.pop(instrument, None)
         if last is not None and last.match is match:
-            # made through the instance's __dict__, as a frozen dataclass's __init__ costs twice as much
-            new = object.__new__
-            points = []
-            for attributes, start, value in zip(last.attributes, last.starts, last.values, strict=True):
-                point = new(NumberDataPoint)
-                point.__dict__.update(
-                    attributes=attributes,
-                    start_time_unix_nano=start,
-                    time_unix_nano=collection_start_nanos,
-                    value=value,
-                    exemplars=[],
-                )
-                points.append(point)
-            return points
+            return [
+                slim_point(attributes, start, collection_start_nanos, value)
+                for attributes, start, value in zip(last.attributes, last.starts, last.values, strict=True)
+            ]
         points = self._collect(match, temporality, collection_start_nanos)
         handed = unchanged.handed.pop(instrument, None)
         if (
             handed is not None
             and temporality is AggregationTemporality.CUMULATIVE
             and points
-            and all(type(point) is NumberDataPoint and not point.exemplars for point in points)
+            and all(type(point) in _PLAIN_POINTS and not point.exemplars for point in points)
         ):
             unchanged.last[instrument] = _Collected(
                 handed,
@@ -609,7 +646,7 @@ class _ObservedSum:
         if temporality is AggregationTemporality.DELTA:
             value, self._previous_value = value - self._previous_value, value
             start, self._previous_start = self._previous_start, start_nano
-        return NumberDataPoint(self._attributes, start, start_nano, value, [])
+        return slim_point(self._attributes, start, start_nano, value)
 
 
 class _ObservedLastValue:
@@ -630,7 +667,7 @@ class _ObservedLastValue:
         value, self._value = self._value, None
         if value is None:
             return None
-        return NumberDataPoint(self._attributes, None, start_nano, value, [])  # type: ignore[arg-type]
+        return slim_point(self._attributes, None, start_nano, value)
 
 
 def _observed_series(match: Any, key: Any, aggregation: Any) -> Any:
@@ -757,7 +794,7 @@ class _SeriesRecipe:
     def family(self, values: tuple[Any, ...]) -> Any:
         """The family the exporter makes from these series with ``values``."""
         points = [
-            NumberDataPoint(attributes=attributes, start_time_unix_nano=0, time_unix_nano=0, value=value)
+            slim_point(attributes, 0, 0, value)
             for attributes, value in zip(self.attributes, values, strict=True)
         ]
         data = dataclasses.replace(self.metric.data, data_points=points)

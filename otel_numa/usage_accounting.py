@@ -42,6 +42,7 @@ from otel_numa.model import (
     CpuTimeSplit,
     Topology,
     shared_set,
+    small_map,
 )
 
 # Memory types exported per container and node by default: every type adds a series per container and node
@@ -139,12 +140,12 @@ def advance_cpu_time(
     A first reading (or a total that went back: a new cgroup under the same id) is split whole.
     """
     if previous is None or total_s < previous.total_s:
-        return CpuTimeSplit(total_s, {node: total_s * share for node, share in shares.items()})
+        return CpuTimeSplit(total_s, small_map({node: total_s * share for node, share in shares.items()}))
     delta = total_s - previous.total_s
     by_node = dict(previous.by_node)
     for node, share in shares.items():
         by_node[node] = by_node.get(node, 0.0) + delta * share
-    return CpuTimeSplit(total_s, by_node)
+    return CpuTimeSplit(total_s, small_map(by_node))
 
 
 def join_usage(
@@ -192,7 +193,7 @@ def join_usage(
 
 def _nonzero(
     memory_by_type: Mapping[str, Mapping[int, int]], types: Iterable[str]
-) -> dict[str, Mapping[int, int]]:
+) -> Mapping[str, Mapping[int, int]]:
     """The exported types, without the nodes where the container has none: sparse, so that 1,000 containers
     on 16 nodes do not make 64,000 series of zeros. A type with no zero is the parsed mapping itself, not a
     copy (parsed readings are never changed)."""
@@ -200,7 +201,7 @@ def _nonzero(
     for memory_type in types:
         by_node = memory_by_type.get(memory_type)
         if by_node and 0 in by_node.values():
-            by_node = {node: amount for node, amount in by_node.items() if amount}
+            by_node = small_map({node: amount for node, amount in by_node.items() if amount})
         if by_node:
             found[memory_type] = by_node
-    return found
+    return small_map(found)

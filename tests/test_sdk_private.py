@@ -512,7 +512,7 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
         (p.attributes, p.start_time_unix_nano, p.value) for p in first
     ]
     assert all(b.time_unix_nano > a.time_unix_nano for a, b in zip(first, second, strict=True))
-    assert all(type(p) is NumberDataPoint and p.exemplars == [] for p in second)
+    assert all(isinstance(p, NumberDataPoint) and list(p.exemplars) == [] for p in second)
     assert second == [
         replace(p, time_unix_nano=second[0].time_unix_nano) for p in first
     ]  # dataclass equality
@@ -947,7 +947,7 @@ def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_eith
             for metric in scope.metrics:
                 points: list[Any] = list(metric.data.data_points)
                 found[metric.name] = [(p.attributes, p.start_time_unix_nano, p.value) for p in points]
-                assert all(p.exemplars == [] for p in points)
+                assert all(list(p.exemplars) == [] for p in points)
         return found
 
     history: dict[str, list[list[tuple[Any, Any, Any]]]] = {}
@@ -1003,3 +1003,30 @@ def _start_pattern(rounds: list[list[tuple[Any, Any, Any]]]) -> list[int]:
                 seen.append(start)
             pattern.append(seen.index(start))
     return pattern
+
+
+def test_slim_points_are_the_sdks_number_data_points_in_a_third_of_the_memory() -> None:
+    """The points the agent makes at every collection: NumberDataPoints to every reader and exporter (fields,
+    equality both ways, ``dataclasses.asdict`` and ``replace``, JSON), with slots instead of a dict."""
+    import dataclasses
+    import json
+    import sys
+
+    from opentelemetry.sdk.metrics.export import NumberDataPoint
+
+    from otel_numa.sdk_private import SlimPoint, slim_point
+
+    attributes: dict[str, str | int] = {"k8s.pod.uid": "a", "numa.node.id": 1}
+    slim = slim_point(attributes, 10, 20, 4096)
+    sdk = NumberDataPoint(attributes=attributes, start_time_unix_nano=10, time_unix_nano=20, value=4096)
+    assert isinstance(slim, NumberDataPoint) and type(slim) is SlimPoint
+    assert slim == sdk and sdk == slim and slim != dataclasses.replace(sdk, value=1)
+    assert json.loads(slim.to_json()) == json.loads(sdk.to_json())
+    assert dataclasses.asdict(slim) == {**dataclasses.asdict(sdk), "exemplars": ()}  # one shared empty tuple
+    moved = dataclasses.replace(slim, time_unix_nano=30)
+    assert moved == dataclasses.replace(sdk, time_unix_nano=30) and slim.time_unix_nano == 20
+    assert not slim.exemplars and slim_point(attributes, None, 20, 1.5).start_time_unix_nano is None
+    assert not vars(slim), "the fields live in slots"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        slim.value = 1  # type: ignore[misc]
+    assert sys.getsizeof(slim) * 2 < sys.getsizeof(sdk) + sys.getsizeof(vars(sdk)) + sys.getsizeof([])

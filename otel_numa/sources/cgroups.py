@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from otel_numa.model import CgroupLayout, ContainerNumaUsage
+from otel_numa.model import CgroupLayout, ContainerNumaUsage, small_map
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import parse_cpulist, read_optional_text
 
@@ -321,7 +321,8 @@ def read_container_usage(
     return ContainerNumaUsage(
         pod_uid=cgroup.pod_uid,
         container_id=cgroup.container_id,
-        memory_by_type=memory,
+        # kept until the container's files change: one tuple per map instead of a dict
+        memory_by_type=small_map({kind: small_map(by_node) for kind, by_node in memory.items()}),
         cpus=parse_cpulist(cpus) if cpus is not None else None,
         mems=parse_cpulist(mems) if mems is not None else None,
         cpu_time_s=cpu_time,
