@@ -55,10 +55,13 @@ class SmallMap(tuple[Any, ...], Mapping[K, V]):
 
     def __getitem__(self, key: Any) -> Any:
         keys = tuple.__getitem__(self, 0)
-        for place, known in enumerate(keys, 1):
-            if known == key:
-                return tuple.__getitem__(self, place)
-        raise KeyError(key)
+        if key not in keys:
+            raise KeyError(key)
+        return tuple.__getitem__(self, keys.index(key) + 1)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        keys = tuple.__getitem__(self, 0)
+        return tuple.__getitem__(self, keys.index(key) + 1) if key in keys else default
 
     def __iter__(self) -> Iterator[K]:
         return iter(tuple.__getitem__(self, 0))

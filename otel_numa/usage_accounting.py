@@ -142,7 +142,7 @@ def advance_cpu_time(
     if previous is None or total_s < previous.total_s:
         return CpuTimeSplit(total_s, small_map({node: total_s * share for node, share in shares.items()}))
     delta = total_s - previous.total_s
-    by_node = dict(previous.by_node)
+    by_node = dict(previous.by_node.items())  # pairs: a dict built from a Mapping looks up each key
     for node, share in shares.items():
         by_node[node] = by_node.get(node, 0.0) + delta * share
     return CpuTimeSplit(total_s, small_map(by_node))
