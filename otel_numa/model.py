@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
 CgroupLayout = Literal["v1", "v2"]
@@ -17,23 +17,35 @@ HugepageKey = tuple[int, str]  # (numa id, k8s.hugepage.size)
 DeviceKey = tuple[int, str]  # (numa id, numa.resource.name)
 PodName = tuple[str, str]  # (namespace, name)
 
-# Distinct sets kept by shared_set before it forgets them all: far more than a node's distinct node sets
-# and exclusive CPU sets, so that it only ever forgets when sets change without end.
-SHARED_SETS_LIMIT = 4096
-_shared_sets: dict[frozenset[int], frozenset[int]] = {}
+T = TypeVar("T")
+
+
+class Interned(Generic[T]):
+    """Hands back one object for all equal values: the first one seen. Holds at most ``limit`` distinct
+    values and forgets them all at once past that, so values that change without end cannot pile up."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._known: dict[T, T] = {}
+
+    def __call__(self, value: T) -> T:
+        found = self._known.get(value)
+        if found is None:
+            if len(self._known) >= self._limit:
+                self._known.clear()
+            self._known[value] = found = value
+        return found
+
+
+# far more than a node's distinct node sets and exclusive CPU sets
+_shared_sets: Interned[frozenset[int]] = Interned(limit=4096)
 
 
 def shared_set(ids: Iterable[int]) -> frozenset[int]:
     """One frozenset object for all equal sets of ids kept per container (its NUMA nodes, its exclusive
     CPUs): a node of 1,000 containers has a handful of distinct ones, and even an empty frozenset takes
     216 bytes."""
-    made = frozenset(ids)
-    found = _shared_sets.get(made)
-    if found is None:
-        if len(_shared_sets) >= SHARED_SETS_LIMIT:
-            _shared_sets.clear()
-        _shared_sets[made] = found = made
-    return found
+    return _shared_sets(frozenset(ids))
 
 
 # Small mappings -------------------------------------------------------------------------------------
@@ -41,9 +53,8 @@ def shared_set(ids: Iterable[int]) -> frozenset[int]:
 K = TypeVar("K", int, str)
 V = TypeVar("V")
 
-# Distinct key tuples kept by small_map (a node's NUMA ids, its memory types): forgotten past this many.
-SMALL_MAP_KEYS_LIMIT = 1024
-_small_map_keys: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+# the key tuples of small maps (a node's NUMA ids, the memory types, attribute names): a few dozen
+_small_map_keys: Interned[tuple[Any, ...]] = Interned(limit=1024)
 
 
 class SmallMap(tuple[Any, ...], Mapping[K, V]):
@@ -81,12 +92,16 @@ class SmallMap(tuple[Any, ...], Mapping[K, V]):
     def items(self) -> ItemsView[K, V]:
         return _SmallMapItems(self)
 
+    def pairs(self) -> Iterator[tuple[K, V]]:
+        """The items, without a lookup per key."""
+        return zip(tuple.__getitem__(self, 0), tuple.__getitem__(self, slice(1, None)), strict=True)
+
     def __eq__(self, other: object) -> bool:
-        if type(other) is SmallMap:
+        if type(other) is type(self):
             return tuple.__eq__(self, other)
         if isinstance(other, Mapping):
             return len(other) == len(self) and all(
-                key in other and other[key] == value for key, value in self.items()
+                key in other and other[key] == value for key, value in self.pairs()
             )
         return NotImplemented
 
@@ -97,15 +112,14 @@ class SmallMap(tuple[Any, ...], Mapping[K, V]):
     __hash__ = tuple.__hash__
 
     def __repr__(self) -> str:
-        return repr(dict(self.items()))
+        return repr(dict(self.pairs()))
 
 
 class _SmallMapItems(ItemsView[Any, Any]):
     _mapping: SmallMap[Any, Any]
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        whole = self._mapping
-        return zip(tuple.__getitem__(whole, 0), tuple.__getitem__(whole, slice(1, None)), strict=True)
+        return self._mapping.pairs()
 
 
 class _SmallMapValues(ValuesView[Any]):
@@ -119,13 +133,7 @@ def small_map(entries: Mapping[K, V]) -> SmallMap[K, V]:
     """``entries`` as a :class:`SmallMap`, in their order."""
     if type(entries) is SmallMap:
         return entries
-    keys = tuple(entries)
-    shared = _small_map_keys.get(keys)
-    if shared is None:
-        if len(_small_map_keys) >= SMALL_MAP_KEYS_LIMIT:
-            _small_map_keys.clear()
-        _small_map_keys[keys] = shared = keys
-    return tuple.__new__(SmallMap, (shared, *entries.values()))
+    return tuple.__new__(SmallMap, (_small_map_keys(tuple(entries)), *entries.values()))
 
 
 # Machine ------------------------------------------------------------------------------------------

@@ -11,83 +11,24 @@ keys with string or integer values (the agent's), take this form.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.util.types import Attributes, AttributeValue
+
+from otel_numa.model import SmallMap
 
 FLAT_VALUE_TYPES = frozenset({str, int})  # exactly these: bool and float compare equal to ints
 _MAX_LAYOUTS = 4096  # key layouts remembered; the agent's instruments have a few dozen
 
 
-class SeriesAttributes(tuple[Any, ...], Mapping[str, AttributeValue]):
+class SeriesAttributes(SmallMap[str, AttributeValue]):
     """An immutable mapping of string keys to string or integer values, stored as ``(sorted keys, *values)``.
 
     Hash and equality are the tuple's: equal for equal attribute sets, whatever order they were built in.
     Compared with another mapping, it is equal when the items are."""
 
     __slots__ = ()
-
-    def __getitem__(self, key: Any) -> Any:
-        keys = tuple.__getitem__(self, 0)
-        for place, known in enumerate(keys, 1):
-            if known == key:
-                return tuple.__getitem__(self, place)
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(tuple.__getitem__(self, 0))
-
-    def __len__(self) -> int:
-        return tuple.__len__(self) - 1
-
-    def __contains__(self, key: object) -> bool:
-        return key in tuple.__getitem__(self, 0)
-
-    def keys(self) -> KeysView[str]:
-        return KeysView(self)
-
-    def values(self) -> ValuesView[AttributeValue]:
-        return _Values(self)
-
-    def items(self) -> ItemsView[str, AttributeValue]:
-        return _Items(self)
-
-    def pairs(self) -> Iterator[tuple[str, AttributeValue]]:
-        """The items, without a lookup per key."""
-        return zip(tuple.__getitem__(self, 0), tuple.__getitem__(self, slice(1, None)), strict=True)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, SeriesAttributes):
-            return tuple.__eq__(self, other)
-        if isinstance(other, Mapping):
-            return len(other) == len(self) and all(
-                key in other and other[key] == value for key, value in self.pairs()
-            )
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    __hash__ = tuple.__hash__
-
-    def __repr__(self) -> str:
-        return repr(dict(self.pairs()))
-
-
-class _Items(ItemsView[str, AttributeValue]):
-    _mapping: SeriesAttributes
-
-    def __iter__(self) -> Iterator[tuple[str, AttributeValue]]:
-        return self._mapping.pairs()
-
-
-class _Values(ValuesView[AttributeValue]):
-    _mapping: SeriesAttributes
-
-    def __iter__(self) -> Iterator[AttributeValue]:
-        return iter(tuple.__getitem__(self._mapping, slice(1, None)))
 
 
 _Layout = tuple[tuple[str, ...], Callable[[Mapping[str, Any]], Any]]

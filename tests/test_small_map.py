@@ -33,3 +33,16 @@ def test_maps_with_the_same_keys_share_one_keys_tuple_and_take_a_fraction_of_a_d
     assert sys.getsizeof(a) * 3 <= sys.getsizeof({0: 1 << 40, 1: 2 << 40})
     nested = small_map({"anon": a, "file": b})
     assert nested == {"anon": {0: 1 << 40, 1: 2 << 40}, "file": {0: 3 << 40, 1: 4 << 40}}
+
+
+def test_interned_values_are_one_object_each_and_forgotten_together_past_the_limit() -> None:
+    from otel_numa.model import Interned, shared_set
+
+    interned: Interned[frozenset[int]] = Interned(limit=2)
+    first = interned(frozenset({0, 1}))
+    assert interned(frozenset({1, 0})) is first
+    assert interned(frozenset({2})) is not first
+    again = frozenset({0, 1})
+    assert interned(frozenset({3})) is not first  # the third distinct value: the first two are forgotten
+    assert interned(again) is again and interned(frozenset({0, 1})) is again
+    assert shared_set([1, 0]) is shared_set((0, 1)) and shared_set([]) is shared_set(set())
