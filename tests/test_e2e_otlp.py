@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,52 @@ def test_otlp_push_reaches_collector(
         if p.attributes["numa.node.id"] == 2
     }
     assert row == {0: 20, 1: 20, 2: 10, 3: 20}
+
+
+def test_a_delta_preference_pushes_deltas_that_add_up_to_the_page(tmp_path: Path) -> None:
+    """With ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta`` the push gets a delta reader of its
+    own beside the page's cumulative one: rotel receives each container's CPU time as deltas, each starting
+    where the last one ended, and they add up to the page's cumulative counter; the page stays cumulative."""
+    from otel_numa.testing.kubelet_scenario import series
+    from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=4, pods=3, containers_per_pod=1, devices_per_resource=1)
+    node = write_large_node(tmp_path / "node", spec)
+    name = "numa.container.cpu.time"
+    with run_rotel(tmp_path) as rotel:
+        args = [*node.cli_args(), "--exporter", "prometheus,otlp", "--interval", "1"]
+        args += ["--otlp-endpoint", f"http://127.0.0.1:{rotel.grpc_port}"]
+        env = {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"}
+        with run_agent(args, tmp_path, env=env) as agent:
+
+            def pushes(count: int) -> list[Any]:
+                found = [m for batch in rotel.batches() for m in batch.metrics if m.name == name]
+                return found if len(found) >= count else []
+
+            wait_for(lambda: pushes(2), 30, "two OTLP exports")
+            node.write_cgroup_usage(1)  # every container's CPU time grows
+            seen = len(pushes(0))
+            received = wait_for(lambda: pushes(seen + 3), 30, "three more OTLP exports")
+            page = agent.metrics_text()
+
+    totals: dict[tuple[str, int], float] = {}
+    last_end: dict[tuple[str, int], int] = {}
+    grew = False
+    for metric in received:
+        assert metric.data_type == "Sum" and metric.monotonic is True and metric.temporality == "DELTA"
+        for point in metric.points:
+            key = (point.attributes["k8s.pod.uid"], point.attributes["numa.node.id"])
+            assert point.start_ns is not None and point.time_ns is not None
+            if key in last_end:  # each delta starts where the series' last one ended
+                assert point.start_ns == last_end[key], key
+                grew = grew or point.value > 0
+            last_end[key] = point.time_ns
+            totals[key] = totals.get(key, 0.0) + point.value
+    assert grew, "the rewritten cgroups show as a positive delta"
+    on_page = {
+        (dict(labels)["k8s_pod_uid"], int(dict(labels)["numa_node_id"])): value
+        for labels, value in series(page, "numa_container_cpu_time_seconds_total").items()
+    }
+    assert on_page and totals.keys() == on_page.keys()
+    for key, total in totals.items():
+        assert total == pytest.approx(on_page[key], rel=1e-9, abs=1e-9), key

@@ -222,6 +222,8 @@ def run_prometheus(
 class DataPoint:
     attributes: dict[str, Any]
     value: float
+    start_ns: int | None = None  # StartTimestamp
+    time_ns: int | None = None  # Timestamp
 
 
 @dataclass
@@ -231,6 +233,7 @@ class ReceivedMetric:
     data_type: str
     monotonic: bool | None
     points: list[DataPoint] = field(default_factory=list)
+    temporality: str | None = None  # "DELTA" or "CUMULATIVE" for a Sum
 
 
 @dataclass
@@ -275,6 +278,10 @@ def parse_rotel_debug_log(text: str) -> list[ReceivedBatch]:
             section = "point"
         elif stripped.startswith("Value:") and point is not None:
             point.value = float(stripped.split(":", 1)[1])
+        elif stripped.startswith("StartTimestamp:") and point is not None:
+            point.start_ns = int(stripped.split(":", 1)[1])
+        elif stripped.startswith("Timestamp:") and point is not None:
+            point.time_ns = int(stripped.split(":", 1)[1])
         elif stripped.startswith("-> ") and batches:
             match = _ATTRIBUTE.match(line)
             if section == "descriptor" and metric is not None:
@@ -287,6 +294,8 @@ def parse_rotel_debug_log(text: str) -> list[ReceivedBatch]:
                     metric.data_type = value
                 elif key == "IsMonotonic":
                     metric.monotonic = value == "true"
+                elif key == "AggregationTemporality":
+                    metric.temporality = value.removeprefix("AGGREGATION_TEMPORALITY_")
             elif match and section == "resource":
                 batches[-1].resource[match["key"]] = _typed(match["type"], match["value"])
             elif match and section == "point" and point is not None:
