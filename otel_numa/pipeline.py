@@ -165,8 +165,6 @@ class NoExemplars(ExemplarReservoir):
     """Observable instruments carry no exemplars: one stateless reservoir shared by every series, instead
     of a reservoir with its own storage and lock per series (memory per series, and work per collection)."""
 
-    otel_numa_stateless = True  # sdk_private.STATELESS_RESERVOIR: the agent's series need no reservoir each
-
     def offer(self, value: float, time_unix_nano: int, attributes: Attributes, context: Context) -> None:
         return None
 
@@ -211,7 +209,7 @@ def build_pipeline(
     """Create the readers named by ``exporters`` (default: the options') and register the instruments."""
     export = options.export
     names = exporters if exporters is not None else export.exporters
-    FAST_PATHS.install(own_meter=METER_NAME)
+    FAST_PATHS.install(own_meter=METER_NAME, stateless_reservoir=_NO_EXEMPLARS)
     push_exporters: list[MetricExporter] = []
     if "otlp" in names:
         push_exporters.append(otlp_exporter_factory(export))

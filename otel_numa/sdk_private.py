@@ -584,10 +584,15 @@ class _SharedAttributeDicts:
     every collection takes the SDK's path."""
 
     def __init__(
-        self, consume: Callable[..., Any], own_meters: set[str], key_of: Callable[[Any], Any]
+        self,
+        consume: Callable[..., Any],
+        own_meters: set[str],
+        stateless_reservoirs: list[object],
+        key_of: Callable[[Any], Any],
     ) -> None:
         self._consume = consume
         self._own_meters = own_meters
+        self._stateless_reservoirs = stateless_reservoirs
         self._key_of = key_of
 
     def __get__(self, match: Any, owner: type | None = None) -> Any:
@@ -608,7 +613,8 @@ class _SharedAttributeDicts:
         aggregation = match._attributes_aggregation.get(key)
         if aggregation is None:
             with match._lock:
-                aggregation = _observed_series(match, key, match._get_or_create_aggregation(key, attributes))
+                aggregation = match._get_or_create_aggregation(key, attributes)
+                aggregation = _observed_series(match, key, aggregation, self._stateless_reservoirs)
                 if type(getattr(aggregation, "_lock", None)) is _LOCK_TYPE:
                     aggregation._lock = _OWN_AGGREGATIONS_LOCK
         elif aggregation._attributes is not attributes:
@@ -670,14 +676,15 @@ class _ObservedLastValue:
         return slim_point(self._attributes, None, start_nano, value)
 
 
-def _observed_series(match: Any, key: Any, aggregation: Any) -> Any:
+def _observed_series(match: Any, key: Any, aggregation: Any, stateless_reservoirs: list[object]) -> Any:
     """The series the SDK has just made for ``key``, as an :class:`_ObservedSum` or an
     :class:`_ObservedLastValue` when it is an asynchronous instrument's sum or last value without
     exemplars (the agent's instruments): put in the SDK's place for it and returned; otherwise
     ``aggregation`` as it is (a synchronous instrument, a histogram, the cardinality limit's overflow
-    series, exemplars asked for)."""
-    if match._attributes_aggregation.get(key) is not aggregation or not getattr(
-        getattr(aggregation, "_reservoir", None), STATELESS_RESERVOIR, False
+    series, a reservoir that keeps exemplars)."""
+    reservoir = getattr(aggregation, "_reservoir", None)
+    if match._attributes_aggregation.get(key) is not aggregation or not any(
+        reservoir is stateless for stateless in stateless_reservoirs
     ):
         return aggregation
     kind = type(aggregation)
@@ -693,9 +700,6 @@ def _observed_series(match: Any, key: Any, aggregation: Any) -> Any:
 
 
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
-# set to True on an exemplar reservoir that keeps nothing (otel_numa.pipeline.NoExemplars): an aggregation
-# with one needs none of its own
-STATELESS_RESERVOIR = "otel_numa_stateless"
 
 
 class _Raising:
@@ -712,10 +716,15 @@ class FastPaths:
     def __init__(self) -> None:
         self.installed: list[str] = []
         self.own_meters: set[str] = set()  # meters whose instruments hand attribute dicts nothing changes
+        # exemplar reservoirs that keep nothing, shared by every series (otel_numa.pipeline.NoExemplars): a
+        # series with one needs no reservoir of its own
+        self.stateless_reservoirs: list[object] = []
 
-    def install(self, own_meter: str | None = None) -> None:
+    def install(self, own_meter: str | None = None, stateless_reservoir: object | None = None) -> None:
         if own_meter is not None:
             self.own_meters.add(own_meter)
+        if stateless_reservoir is not None and stateless_reservoir not in self.stateless_reservoirs:
+            self.stateless_reservoirs.append(stateless_reservoir)
         if self.installed:
             return
         import importlib
@@ -737,7 +746,9 @@ class FastPaths:
         self._replace(
             match._ViewInstrumentMatch,
             "consume_measurement",
-            lambda f: _SharedAttributeDicts(f, self.own_meters, match._hash_attributes),
+            lambda f: _SharedAttributeDicts(
+                f, self.own_meters, self.stateless_reservoirs, match._hash_attributes
+            ),
         )
         self._replace(exporter, "sanitize_attribute", lambda f: functools.lru_cache(maxsize=4096)(f))
         self._replace(openmetrics, "escape_label_name", lambda f: functools.lru_cache(maxsize=4096)(f))

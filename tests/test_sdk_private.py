@@ -908,10 +908,10 @@ def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_eith
     from opentelemetry.sdk.metrics.export import AggregationTemporality
     from opentelemetry.sdk.metrics.view import View
 
-    from otel_numa.pipeline import METER_NAME, _no_exemplars
+    from otel_numa.pipeline import _NO_EXEMPLARS, METER_NAME, _no_exemplars
     from otel_numa.sdk_private import FAST_PATHS
 
-    FAST_PATHS.install(own_meter=METER_NAME)
+    FAST_PATHS.install(own_meter=METER_NAME, stateless_reservoir=_NO_EXEMPLARS)
     delta = AggregationTemporality.DELTA
     cumulative_reader = InMemoryMetricReader()
     delta_reader = InMemoryMetricReader(
