@@ -92,3 +92,18 @@ def test_names_listed_again_are_last_rounds_objects_while_they_are_equal(tmp_pat
     assert third[ID_3] == ContainerIdentity("web-2", "shop", "app", ID_3)
     os.unlink(tmp_path / f"web-0_shop_app-{ID_1}.log")
     assert names() == {ID_2: first[ID_2], ID_3: third[ID_3]}
+
+
+def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() -> None:
+    """A node's sources name the same pods and containers again and again (log names, cgroup paths,
+    checkpoints, podresources): each name or id is kept once for all of them."""
+    from otel_numa.sources.cgroups import _container_id_of, _pod_uid_of
+    from otel_numa.sources.pod_logs import parse_pod_log_dir_name
+
+    uid, container_id = "0d4e5b8a-1c2f-4a6b-9e7d-3f1a2b3c4d5e", "ab" * 32
+    log = parse_container_log_name("_".join(["web-0", "shop", f"app-{container_id}.log"]))
+    pod = parse_pod_log_dir_name("_".join(["shop", "web-0", uid]))
+    assert log is not None and pod is not None
+    assert log.namespace is pod.namespace and log.pod_name is pod.name
+    assert _pod_uid_of("pod" + uid) is pod.uid
+    assert _container_id_of(f"cri-containerd-{container_id}.scope") is log.container_id

@@ -16,6 +16,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from otel_numa.agent import Agent
 from otel_numa.heap import YOUNG_OBJECTS_BEFORE_COLLECTION
 from otel_numa.pipeline import build_pipeline
+from otel_numa.serve import with_allocator_tunables
 from otel_numa.settings import Settings
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 
@@ -98,3 +99,21 @@ def test_after_the_first_collection_the_collector_waits_for_many_young_objects(t
     # twice what was frozen then; frozen objects can only have been freed since
     threshold = gc.get_threshold()[0]
     assert threshold >= YOUNG_OBJECTS_BEFORE_COLLECTION and threshold >= 2 * gc.get_freeze_count()
+
+
+_OURS = "glibc.malloc.tcache_count=0:glibc.malloc.mmap_threshold=131072"
+
+
+@pytest.mark.parametrize(
+    ("given", "handed_on"),
+    [
+        ("", _OURS),
+        ("glibc.malloc.trim_threshold=131072", "glibc.malloc.trim_threshold=131072:" + _OURS),
+        ("glibc.malloc.tcache_count=3", "glibc.malloc.tcache_count=3:glibc.malloc.mmap_threshold=131072"),
+        ("glibc.malloc.mmap_threshold=4096:glibc.malloc.tcache_count=7",) * 2,
+    ],
+)
+def test_the_serving_process_gets_the_allocator_settings_the_operator_did_not_set(
+    given: str, handed_on: str
+) -> None:
+    assert with_allocator_tunables(given) == handed_on

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import re
 import shutil
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
@@ -951,8 +952,11 @@ def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_eith
         return found
 
     history: dict[str, list[list[tuple[Any, Any, Any]]]] = {}
+    before_first = time.time_ns()
     for observations in rounds:
         now.append(observations)
+        if len(now) == 2:
+            after_first = time.time_ns()
         for name, reader in (("cumulative", cumulative_reader), ("delta", delta_reader)):
             for metric_name, points in collected(reader).items():
                 history.setdefault(f"{name} {metric_name}", []).append(points)
@@ -969,15 +973,21 @@ def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_eith
     assert cumulative_values == [[5, 5], [7, 2], [9.5, 4.5]]
     delta_values = [[v for _, _, v in r] for r in history[f"delta {METER_NAME}.counter"]]
     assert delta_values == [[5, 5], [2, -3], [2.5, 2.5]]
-    for name in ("cumulative", "delta"):
+    # cumulative: each series keeps the start it was created with; delta: each starts at the last
+    # collection. The SDK reads the clock for each series of a first collection; the agent's series made
+    # then share the first one's start, read within the same collection.
+    expected = {
+        ("cumulative", METER_NAME): [0, 0, 0, 0, 0, 0],
+        ("cumulative", "someone-else"): [0, 1, 0, 1, 0, 1],
+        ("delta", METER_NAME): [0, 0, 1, 1, 2, 2],
+        ("delta", "someone-else"): [0, 1, 2, 2, 3, 3],
+    }
+    for (name, meter_name), pattern in expected.items():
         for kind in ("counter", "up_down_counter"):
-            ours = history[f"{name} {METER_NAME}.{kind}"]
-            theirs = history[f"{name} someone-else.{kind}"]
-            # the start of each point relative to the collections: the same for both meters
-            assert _start_pattern(ours) == _start_pattern(theirs), (name, kind)
-    # cumulative: each series keeps the start it was created with; delta: each starts at the last collection
-    assert _start_pattern(history[f"cumulative {METER_NAME}.counter"]) == [0, 1, 0, 1, 0, 1]
-    assert _start_pattern(history[f"delta {METER_NAME}.counter"]) == [0, 1, 2, 2, 3, 3]
+            assert _start_pattern(history[f"{name} {meter_name}.{kind}"]) == pattern, (name, meter_name, kind)
+    for kind in ("counter", "up_down_counter"):
+        first_starts = {s for _, s, _ in history[f"cumulative {METER_NAME}.{kind}"][0]}
+        assert len(first_starts) == 1 and before_first <= min(first_starts) <= after_first
 
     observed: dict[str, set[str]] = {}
     for storage in provider._measurement_consumer._reader_storages.values():
@@ -1030,3 +1040,29 @@ def test_slim_points_are_the_sdks_number_data_points_in_a_third_of_the_memory() 
     with pytest.raises(dataclasses.FrozenInstanceError):
         slim.value = 1  # type: ignore[misc]
     assert sys.getsizeof(slim) * 2 < sys.getsizeof(sdk) + sys.getsizeof(vars(sdk)) + sys.getsizeof([])
+
+
+def test_slim_observations_give_the_sdk_the_points_of_the_apis_observations() -> None:
+    """The SDK's own loop over a callback (another meter's instruments, a first collection) reads a
+    SlimObservation as it reads an Observation: the same points, for every kind of observable instrument."""
+    from otel_numa.sdk_private import SlimObservation, slim_observation
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("someone-else")
+    observed: list[tuple[float, dict[str, Any]]] = [(5, {"pod": "a"}), (2.5, {"pod": "b", "numa": 1})]
+    for kind in ("counter", "up_down_counter", "gauge"):
+        create = getattr(meter, f"create_observable_{kind}")
+        create(f"api.{kind}", callbacks=[lambda _o: [Observation(v, a) for v, a in observed]])
+        create(f"slim.{kind}", callbacks=[lambda _o: [slim_observation(v, a) for v, a in observed]])
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        metric.name: [(dict(p.attributes or {}), getattr(p, "value", None)) for p in metric.data.data_points]
+        for metric in data.resource_metrics[0].scope_metrics[0].metrics
+    }
+    for kind in ("counter", "up_down_counter", "gauge"):
+        assert points[f"slim.{kind}"] == points[f"api.{kind}"] == [(a, v) for v, a in observed]
+    slim = SlimObservation(1, {"pod": "a"})
+    assert not hasattr(slim, "__dict__") and slim.context is None
+    provider.shutdown()

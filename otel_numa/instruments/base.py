@@ -9,6 +9,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.util.types import Attributes
 
 from otel_numa.catalogue import NUMA_ID, MetricSpec
+from otel_numa.sdk_private import slim_observation
 from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
 from otel_numa.snapshot import Snapshot, SnapshotStore
 
@@ -57,7 +58,8 @@ class Instruments:
                     for value, attributes in points:
                         if _exportable(value):
                             stable = series_attributes(attributes) if attributes else attributes
-                            observations.append(Observation(value, kept.get(_identity(stable), stable)))
+                            attributes = kept.get(_identity(stable), stable)
+                            observations.append(slim_observation(value, attributes))
                 previous = observations
                 if part is not None:
                     cache = (key, observations)
@@ -99,5 +101,5 @@ def _same_series_in_place(points: list[Point], previous: list[Observation]) -> l
         stable = before.attributes
         if (attributes is not stable and not same_attributes(stable, attributes)) or not _exportable(value):
             return None
-        observations.append(Observation(value, stable))
+        observations.append(slim_observation(value, stable))
     return observations

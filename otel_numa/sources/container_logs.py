@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from otel_numa.model import ContainerIdentity
@@ -23,7 +24,9 @@ def parse_container_log_name(name: str) -> ContainerIdentity | None:
     match = _LOG_NAME.fullmatch(name)
     if match is None:
         return None
-    pod_name, namespace, container_name, container_id = match.groups()
+    # interned: the same names and ids arrive from podresources, cgroups and the checkpoints, and one
+    # string each is kept for as long as the container lives
+    pod_name, namespace, container_name, container_id = map(sys.intern, match.groups())
     return ContainerIdentity(pod_name, namespace, container_name, container_id)
 
 

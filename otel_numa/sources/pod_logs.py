@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def parse_pod_log_dir_name(dir_name: str) -> PodIdentity | None:
     namespace, name, uid = parts
     if not (_DNS_NAME.fullmatch(namespace) and _DNS_NAME.fullmatch(name) and _UID.fullmatch(uid)):
         return None
-    return PodIdentity(uid=uid, name=name, namespace=namespace)
+    # interned, as every source's names and ids (otel_numa.sources.container_logs)
+    return PodIdentity(uid=sys.intern(uid), name=sys.intern(name), namespace=sys.intern(namespace))
 
 
 def read_pod_identities(pod_logs_root: Path) -> dict[str, PodIdentity]:

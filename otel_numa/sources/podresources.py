@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -198,7 +199,7 @@ def _memory(block: pb.ContainerMemory) -> ContainerMemory:
 def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerResources, ...]:
     return tuple(
         ContainerResources(
-            name=container.name,
+            name=sys.intern(container.name),  # as every source's names (sources.container_logs)
             cpu_ids=shared_set(container.cpu_ids),
             devices=tuple(_devices(device) for device in container.devices),
             memory=tuple(_memory(block) for block in container.memory),
@@ -208,4 +209,6 @@ def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerR
 
 
 def _pod_resources(pod: pb.PodResources) -> PodResources:
-    return PodResources(name=pod.name, namespace=pod.namespace, containers=_containers(pod.containers))
+    return PodResources(
+        name=sys.intern(pod.name), namespace=sys.intern(pod.namespace), containers=_containers(pod.containers)
+    )

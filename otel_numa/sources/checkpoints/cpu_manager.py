@@ -16,6 +16,7 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from otel_numa.model import CpuManagerState
@@ -151,12 +152,14 @@ def _state(verified: Verified) -> CpuManagerState:
     raw_entries = value["Entries"]
     entries: dict[str, dict[str, frozenset[int]]] = {}
     if isinstance(raw_entries, dict):
-        for key, inner in raw_entries.items():
+        for raw_key, inner in raw_entries.items():
+            key = sys.intern(raw_key)  # as every source's names and ids (otel_numa.sources.container_logs)
             if verified.layout == "v1":
                 entries[key] = {"": _cpus(inner, f"container {key}")}
             elif isinstance(inner, dict):
                 entries[key] = {
-                    name: _cpus(cpus, f"pod {key} container {name}") for name, cpus in inner.items()
+                    sys.intern(name): _cpus(cpus, f"pod {key} container {name}")
+                    for name, cpus in inner.items()
                 }
             else:
                 entries[key] = {}

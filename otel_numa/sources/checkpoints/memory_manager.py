@@ -15,6 +15,7 @@ builds, ``MemoryManagerCheckpointV1``/``V2``). A stored checksum of 0 is accepte
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -224,7 +225,8 @@ def _state(verified: Verified) -> MemoryManagerState:
         policy_name=policy,
         machine_state={numa: _numa_state(numa, raw) for numa, raw in sorted(machine.items())},
         entries={
-            pod: {container: _blocks(blocks) for container, blocks in (containers or {}).items()}
+            # interned, as every source's names and ids (otel_numa.sources.container_logs)
+            sys.intern(pod): {sys.intern(name): _blocks(raw) for name, raw in (containers or {}).items()}
             for pod, containers in entries.items()
         },
         layout=verified.layout,
