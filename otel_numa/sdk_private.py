@@ -37,7 +37,7 @@ import threading
 import weakref
 import zlib
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -415,9 +415,9 @@ class _Collected:
     values: tuple[Any, ...]
     # for each point, the place of what it came from in ``source``, once asked for (:meth:`order`); an
     # empty tuple when the points are not one per item
-    places: tuple[int, ...] | None = None
+    places: Sequence[int] | None = None
 
-    def order(self, key_of: Callable[[Any], Any]) -> tuple[int, ...]:
+    def order(self, key_of: Callable[[Any], Any]) -> Sequence[int]:
         """Where each point's observation (or Measurement) is in the source, found by the SDK's own
         attribute-set key (the points' order is the SDK's aggregations', not the observations'). Empty when
         one made no point of its own (an attribute set twice, a view that drops keys, the cardinality
@@ -429,7 +429,10 @@ class _Collected:
                 places.setdefault(key_of(item.attributes), place)
             found = tuple(places.get(key_of(attributes), -1) for attributes in self.attributes)
             whole = len(places) == len(source) == len(found) and -1 not in found
-            self.places = found if whole else ()
+            in_order = range(len(found))
+            # usually the source's own order (the SDK keeps its series in the order they came): a range
+            # then, not a tuple and an int per series
+            self.places = (in_order if found == tuple(in_order) else found) if whole else ()
         return self.places
 
 
