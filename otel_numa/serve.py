@@ -22,16 +22,12 @@ OPTIONS_ENV = "OTEL_NUMA_RESOLVED_OPTIONS"
 # memory of its own; the agent's threads (HTTP workers, the scheduler, gRPC's) then hold ~1 MB more on a
 # 2x32 node. Two arenas are plenty for a process that mostly sleeps. An operator's own value wins.
 MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
-# Two more glibc settings, each unless the operator set it (GLIBC_TUNABLES, read when the program starts):
-# - no per-thread cache of freed blocks (tcache: up to 7 of each size up to 1 KiB per thread). In the agent
-#   those are the larger objects of a collection or a page, allocated anew at other sizes by the next round,
-#   so the cache is resident memory that is rarely reused (~0.4 MB on the 2x32 node). Python's own allocator
-#   serves the small objects, so this costs no measurable CPU.
-# - a fixed threshold above which a block gets its own mapping, glibc's initial 128 KiB. By default glibc
-#   raises it to the size of each large block freed, so after the first scrapes a page's buffers (370 KB
-#   on the 2x32 node, in plain text) come from the heap and leave it larger after every size they reach:
-#   RSS rose ~1 MB over a few hundred scrapes. Mapped and unmapped instead, they leave nothing behind.
-ALLOCATOR_TUNABLES = (("glibc.malloc.tcache_count", "0"), ("glibc.malloc.mmap_threshold", "131072"))
+# One more glibc setting, unless the operator's GLIBC_TUNABLES sets it (read when the program starts): no
+# per-thread cache of freed blocks (tcache: up to 7 of each size up to 1 KiB per thread). In the agent those
+# are the larger objects of a collection or a page, allocated anew at other sizes by the next round, so the
+# cache is resident memory that is rarely reused (~0.4 MB on the 2x32 node). Python's own allocator serves
+# the small objects, so this costs no measurable CPU.
+ALLOCATOR_TUNABLES = (("glibc.malloc.tcache_count", "0"),)
 GLIBC_TUNABLES = "GLIBC_TUNABLES"
 log = logging.getLogger("otel_numa")
 
