@@ -97,8 +97,12 @@ def test_names_listed_again_are_last_rounds_objects_while_they_are_equal(tmp_pat
 def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() -> None:
     """A node's sources name the same pods and containers again and again (log names, cgroup paths,
     checkpoints, podresources): each name or id is kept once for all of them."""
+    from otel_numa.proto import podresources_v1_pb2 as pb
     from otel_numa.sources.cgroups import _container_id_of, _pod_uid_of
+    from otel_numa.sources.checkpoints.cpu_manager import parse_cpu_manager_state
     from otel_numa.sources.pod_logs import parse_pod_log_dir_name
+    from otel_numa.sources.podresources import _pod_resources
+    from otel_numa.testing.checkpoints import cpu_manager_state_bytes
 
     uid, container_id = "0d4e5b8a-1c2f-4a6b-9e7d-3f1a2b3c4d5e", "ab" * 32
     log = parse_container_log_name("_".join(["web-0", "shop", f"app-{container_id}.log"]))
@@ -107,3 +111,10 @@ def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() 
     assert log.namespace is pod.namespace and log.pod_name is pod.name
     assert _pod_uid_of("pod" + uid) is pod.uid
     assert _container_id_of(f"cri-containerd-{container_id}.scope") is log.container_id
+    cpu_manager = parse_cpu_manager_state(cpu_manager_state_bytes("static", [0], {uid: {"app": [1, 2]}}))
+    ((checkpoint_uid, containers),) = cpu_manager.entries.items()
+    assert checkpoint_uid is pod.uid and next(iter(containers)) is log.container_name
+    answer = pb.PodResources(name="web-0", namespace="shop", containers=[pb.ContainerResources(name="app")])
+    listed = _pod_resources(answer)
+    assert listed.name is pod.name and listed.namespace is pod.namespace
+    assert listed.containers[0].name is log.container_name

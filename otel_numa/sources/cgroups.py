@@ -26,13 +26,12 @@ from __future__ import annotations
 import errno
 import os
 import re
-import sys
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from otel_numa.model import CgroupLayout, ContainerNumaUsage, small_map
+from otel_numa.model import CgroupLayout, ContainerNumaUsage, shared_name, small_map
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import parse_cpulist, read_optional_text
 
@@ -119,9 +118,9 @@ def _pod_uid_of(name: str) -> str | None:
     """The pod UID when ``name`` is a pod cgroup directory (``pod<uid>``, ``<parent>-pod<uid_>.slice``)."""
     if name.endswith(".slice"):
         match = _SYSTEMD_POD.fullmatch(name)
-        return sys.intern(match.group(1).replace("_", "-")) if match else None
+        return shared_name(match.group(1).replace("_", "-")) if match else None
     match = _CGROUPFS_POD.fullmatch(name)
-    return sys.intern(match.group(1)) if match else None  # as every source's ids (sources.container_logs)
+    return shared_name(match.group(1)) if match else None
 
 
 def _qos_of_dir(name: str) -> QosClass | None:
@@ -136,7 +135,7 @@ def _container_id_of(name: str) -> str | None:
     prefix, _, container_id = stem.rpartition("-")
     if prefix.endswith("conmon"):
         return None
-    return sys.intern(container_id) if _CONTAINER_ID.fullmatch(container_id) else None
+    return shared_name(container_id) if _CONTAINER_ID.fullmatch(container_id) else None
 
 
 def _pods_under(kubepods: str) -> Iterator[tuple[str, str, QosClass]]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
-from otel_numa.model import ContainerIdentity
+from otel_numa.model import ContainerIdentity, shared_name
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 
 _LOG_NAME = re.compile(r"([^_]+)_([^_]+)_([^_]+)-([0-9a-f]{64})\.log")
@@ -24,9 +23,7 @@ def parse_container_log_name(name: str) -> ContainerIdentity | None:
     match = _LOG_NAME.fullmatch(name)
     if match is None:
         return None
-    # interned: the same names and ids arrive from podresources, cgroups and the checkpoints, and one
-    # string each is kept for as long as the container lives
-    pod_name, namespace, container_name, container_id = map(sys.intern, match.groups())
+    pod_name, namespace, container_name, container_id = map(shared_name, match.groups())
     return ContainerIdentity(pod_name, namespace, container_name, container_id)
 
 

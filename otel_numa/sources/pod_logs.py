@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_numa.model import shared_name
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
@@ -36,8 +36,7 @@ def parse_pod_log_dir_name(dir_name: str) -> PodIdentity | None:
     namespace, name, uid = parts
     if not (_DNS_NAME.fullmatch(namespace) and _DNS_NAME.fullmatch(name) and _UID.fullmatch(uid)):
         return None
-    # interned, as every source's names and ids (otel_numa.sources.container_logs)
-    return PodIdentity(uid=sys.intern(uid), name=sys.intern(name), namespace=sys.intern(namespace))
+    return PodIdentity(uid=shared_name(uid), name=shared_name(name), namespace=shared_name(namespace))
 
 
 def read_pod_identities(pod_logs_root: Path) -> dict[str, PodIdentity]:

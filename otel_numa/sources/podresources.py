@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from otel_numa.model import (
     ContainerMemory,
     ContainerResources,
     PodResources,
+    shared_name,
     shared_set,
 )
 from otel_numa.proto import podresources_v1_pb2 as pb
@@ -199,7 +199,7 @@ def _memory(block: pb.ContainerMemory) -> ContainerMemory:
 def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerResources, ...]:
     return tuple(
         ContainerResources(
-            name=sys.intern(container.name),  # as every source's names (sources.container_logs)
+            name=shared_name(container.name),
             cpu_ids=shared_set(container.cpu_ids),
             devices=tuple(_devices(device) for device in container.devices),
             memory=tuple(_memory(block) for block in container.memory),
@@ -210,5 +210,7 @@ def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerR
 
 def _pod_resources(pod: pb.PodResources) -> PodResources:
     return PodResources(
-        name=sys.intern(pod.name), namespace=sys.intern(pod.namespace), containers=_containers(pod.containers)
+        name=shared_name(pod.name),
+        namespace=shared_name(pod.namespace),
+        containers=_containers(pod.containers),
     )

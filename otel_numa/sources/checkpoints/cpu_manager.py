@@ -16,10 +16,9 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from otel_numa.model import CpuManagerState
+from otel_numa.model import CpuManagerState, shared_name
 from otel_numa.sources.checkpoints.common import (
     INVALID_VALUE,
     Layout,
@@ -152,13 +151,13 @@ def _state(verified: Verified) -> CpuManagerState:
     raw_entries = value["Entries"]
     entries: dict[str, dict[str, frozenset[int]]] = {}
     if isinstance(raw_entries, dict):
-        for raw_key, inner in raw_entries.items():
-            key = sys.intern(raw_key)  # as every source's names and ids (otel_numa.sources.container_logs)
+        for entry_key, inner in raw_entries.items():
+            key = shared_name(entry_key)  # a pod UID (a container ID in v1)
             if verified.layout == "v1":
                 entries[key] = {"": _cpus(inner, f"container {key}")}
             elif isinstance(inner, dict):
                 entries[key] = {
-                    sys.intern(name): _cpus(cpus, f"pod {key} container {name}")
+                    shared_name(name): _cpus(cpus, f"pod {key} container {name}")
                     for name, cpus in inner.items()
                 }
             else:

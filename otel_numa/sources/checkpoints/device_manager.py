@@ -15,11 +15,10 @@ does not accept a zero checksum.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import cast
 
-from otel_numa.model import DeviceEntry, DeviceManagerState
+from otel_numa.model import DeviceEntry, DeviceManagerState, shared_name
 from otel_numa.sources.checkpoints.common import (
     Layout,
     Verified,
@@ -125,8 +124,8 @@ def _entry(raw: StructValue, flat: bool) -> DeviceEntry:
             numa: _strings(ids) for numa, ids in sorted(cast(dict[int, object], device_ids or {}).items())
         }
     return DeviceEntry(
-        pod_uid=sys.intern(str(raw["PodUID"])),  # as every source's ids (sources.container_logs)
-        container_name=sys.intern(str(raw["ContainerName"])),
+        pod_uid=shared_name(str(raw["PodUID"])),
+        container_name=shared_name(str(raw["ContainerName"])),
         resource_name=str(raw["ResourceName"]),
         devices_by_numa=by_numa,
     )

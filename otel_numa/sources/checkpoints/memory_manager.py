@@ -15,11 +15,10 @@ builds, ``MemoryManagerCheckpointV1``/``V2``). A stored checksum of 0 is accepte
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import cast
 
-from otel_numa.model import MemoryBlock, MemoryManagerState, MemoryTable, NumaMemoryState
+from otel_numa.model import MemoryBlock, MemoryManagerState, MemoryTable, NumaMemoryState, shared_name
 from otel_numa.sources.checkpoints.common import (
     INVALID_VALUE,
     Layout,
@@ -225,8 +224,7 @@ def _state(verified: Verified) -> MemoryManagerState:
         policy_name=policy,
         machine_state={numa: _numa_state(numa, raw) for numa, raw in sorted(machine.items())},
         entries={
-            # interned, as every source's names and ids (otel_numa.sources.container_logs)
-            sys.intern(pod): {sys.intern(name): _blocks(raw) for name, raw in (containers or {}).items()}
+            shared_name(pod): {shared_name(name): _blocks(raw) for name, raw in (containers or {}).items()}
             for pod, containers in entries.items()
         },
         layout=verified.layout,
