@@ -45,7 +45,7 @@ from benchmarks.harness import (
     verdict,
 )
 from otel_numa.agent import Agent
-from otel_numa.heap import release_free_memory
+from otel_numa.heap import release_free_memory, tidy_after_round
 from otel_numa.pipeline import build_pipeline
 from otel_numa.settings import OtlpProtocol, Settings
 from otel_numa.testing.large_node import LargeNode, large_node_at, write_large_node
@@ -139,6 +139,7 @@ def soak(root: Path, rounds: int) -> dict[int, float]:
             node.write_checkpoints(number // 1000 % 2)
         if number % 250 == 1:
             refresh_background()
+            tidy_after_round()  # as the scheduler does at the end of each background round
         if number % 250 == 0:
             generate_latest(registry)
             release_free_memory()  # as the page's server does once a page is sent

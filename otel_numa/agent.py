@@ -20,6 +20,7 @@ from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.collectors.kubelet import KubeletCollector
 from otel_numa.collectors.machine import MachineCollector
 from otel_numa.health_server import HealthServer
+from otel_numa.heap import tidy_after_round
 from otel_numa.http_server import MetricsServer
 from otel_numa.memo import LastResult
 from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
@@ -144,7 +145,7 @@ class Agent:
         self.store.refresh()
         self.scheduler = Scheduler(
             options.interval_s,
-            [*self.background.tasks, self._push],
+            [*self.background.tasks, self._push, tidy_after_round],
             min_trigger_gap_s=options.push_min_interval_s,
             periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
         )

@@ -912,8 +912,10 @@ class _TranslatedMetrics:
         metric_family_id_metric_family: dict[str, object],
     ) -> None:
         points = getattr(metric.data, "data_points", ())
-        attributes = tuple(point.attributes for point in points)
-        values = tuple(getattr(point, "value", None) for point in points)
+        # tuples from lists, made at their length: one from a generator is resized, and a scrape's worth of
+        # them then moves from one of the interpreter's free lists to another (otel_numa.heap)
+        attributes = tuple([point.attributes for point in points])
+        values = tuple([getattr(point, "value", None) for point in points])
         key = f"{metric.name}|{metric.description}|{metric.unit}|{type(metric.data).__name__}"
         known = self._known.get(key)
         if (
@@ -1042,7 +1044,7 @@ def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
     if known.family is family:
         return known
     if known.value_starts is not None and known.family is not None and _same_series(known.family, family):
-        return _with_new_values(known, tuple(sample.value for sample in family.samples), family)
+        return _with_new_values(known, tuple([sample.value for sample in family.samples]), family)
     return None
 
 

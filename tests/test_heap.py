@@ -4,6 +4,7 @@ cyclic collector wait for many young objects (otel_numa/heap.py)."""
 from __future__ import annotations
 
 import gc
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,9 @@ from otel_numa.heap import YOUNG_OBJECTS_BEFORE_COLLECTION
 from otel_numa.pipeline import build_pipeline
 from otel_numa.serve import with_allocator_tunables
 from otel_numa.settings import Settings
+from otel_numa.testing.kubelet_scenario import build_scenario
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+from otel_numa.testing.sysfs_tree import uniform_nodes
 
 
 class EncodingExporter(MetricExporter):
@@ -99,6 +102,36 @@ def test_after_the_first_collection_the_collector_waits_for_many_young_objects(t
     # twice what was frozen then; frozen objects can only have been freed since
     threshold = gc.get_threshold()[0]
     assert threshold >= YOUNG_OBJECTS_BEFORE_COLLECTION and threshold >= 2 * gc.get_freeze_count()
+
+
+def test_every_round_of_the_serving_agent_ends_with_a_full_collection(tmp_path: Path) -> None:
+    """The only collection that empties the interpreter's free lists, which otherwise grow with scrapes
+    (otel_numa.heap.tidy_after_round); the collector's own collections are off during the round."""
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    agent = node.agent(interval=3600, exporters="prometheus")
+    agent.start()
+    events: list[tuple[str, int]] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        events.append((phase, info["generation"]))
+
+    enabled = gc.isenabled()
+    try:
+        assert agent.scheduler is not None
+        while agent.scheduler.rounds < 1:  # the scheduler's own first round
+            time.sleep(0.01)
+        gc.disable()
+        gc.callbacks.append(record)
+        agent.scheduler.run_once()
+        after_first = len(events)
+        agent.scheduler.run_once(triggered=True)
+    finally:
+        gc.callbacks.remove(record)
+        if enabled:
+            gc.enable()
+        agent.stop(timeout_s=2)
+    assert events[:after_first] == [("start", 2), ("stop", 2)]
+    assert events[after_first:] == [("start", 2), ("stop", 2)]
 
 
 _OURS = "glibc.malloc.tcache_count=0"
