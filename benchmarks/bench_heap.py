@@ -18,13 +18,12 @@ from pathlib import Path
 
 from benchmarks.bench_cost import (
     NODE_2X32,
-    PROMETHEUS_SCRAPE_HEADERS,
     Receipts,
     common_args,
     node_args,
     podresources_server,
 )
-from benchmarks.harness import run_agent
+from benchmarks.harness import PROMETHEUS_SCRAPE_HEADERS, run_agent
 from otel_numa.testing.large_node import write_large_node
 from otel_numa.testing.peers import run_rotel
 
