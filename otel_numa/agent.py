@@ -145,9 +145,10 @@ class Agent:
         self.store.refresh()
         self.scheduler = Scheduler(
             options.interval_s,
-            [*self.background.tasks, self._push, tidy_after_round],
+            [*self.background.tasks, self._push],
             min_trigger_gap_s=options.push_min_interval_s,
             periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
+            closing_tasks=[tidy_after_round],
         )
         self.scheduler.start()
         # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.

@@ -15,10 +15,11 @@ class Scheduler:
     """Runs ``tasks`` in order every ``interval_s`` seconds, and at once when :meth:`trigger` is called.
 
     ``periodic_tasks`` run first, on the timer only: slow reads that a kubelet change does not affect (the
-    cgroup walk) must not delay the push a change triggers. A failing task is logged (once per distinct
-    message) and does not stop the others or the loop. Triggered rounds start at least ``min_trigger_gap_s``
-    apart: triggers that come during a round or the gap fold into one more round after it, so the last
-    trigger is always followed by a full round.
+    cgroup walk) must not delay the push a change triggers. ``closing_tasks`` run last, on the timer only
+    (housekeeping that a burst of kubelet changes need not repeat). A failing task is logged (once per
+    distinct message) and does not stop the others or the loop. Triggered rounds start at least
+    ``min_trigger_gap_s`` apart: triggers that come during a round or the gap fold into one more round
+    after it, so the last trigger is always followed by a full round.
     """
 
     def __init__(
@@ -28,12 +29,14 @@ class Scheduler:
         name: str = "otel-numa-scheduler",
         min_trigger_gap_s: float = 0.0,
         periodic_tasks: Sequence[Callable[[], None]] = (),
+        closing_tasks: Sequence[Callable[[], None]] = (),
     ):
         self._interval_s = interval_s
         self._min_trigger_gap_s = min_trigger_gap_s
         self._last_round_started = -math.inf
         self._tasks = list(tasks)
         self._periodic_tasks = list(periodic_tasks)
+        self._closing_tasks = list(closing_tasks)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._logged: set[str] = set()
@@ -59,7 +62,8 @@ class Scheduler:
         return self._thread.is_alive()
 
     def run_once(self, triggered: bool = False) -> None:
-        for task in self._tasks if triggered else [*self._periodic_tasks, *self._tasks]:
+        timer_round = [*self._periodic_tasks, *self._tasks, *self._closing_tasks]
+        for task in self._tasks if triggered else timer_round:
             if self._stop.is_set():
                 return
             try:

@@ -183,3 +183,16 @@ def test_a_trigger_long_after_the_last_round_runs_at_once() -> None:
         assert rounds[-1] - asked < 0.05
     finally:
         scheduler.stop(timeout_s=1)
+
+
+def test_closing_tasks_run_last_and_only_in_rounds_on_the_timer() -> None:
+    order: list[str] = []
+    scheduler = Scheduler(
+        3600,
+        [lambda: order.append("task")],
+        periodic_tasks=[lambda: order.append("periodic")],
+        closing_tasks=[lambda: order.append("closing")],
+    )
+    scheduler.run_once()
+    scheduler.run_once(triggered=True)
+    assert order == ["periodic", "task", "closing", "task"]

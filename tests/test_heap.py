@@ -104,9 +104,10 @@ def test_after_the_first_collection_the_collector_waits_for_many_young_objects(t
     assert threshold >= YOUNG_OBJECTS_BEFORE_COLLECTION and threshold >= 2 * gc.get_freeze_count()
 
 
-def test_every_round_of_the_serving_agent_ends_with_a_full_collection(tmp_path: Path) -> None:
+def test_every_timer_round_of_the_serving_agent_ends_with_a_full_collection(tmp_path: Path) -> None:
     """The only collection that empties the interpreter's free lists, which otherwise grow with scrapes
-    (otel_numa.heap.tidy_after_round); the collector's own collections are off during the round."""
+    (otel_numa.heap.tidy_after_round); a round a kubelet change triggers leaves it to the timer. The
+    collector's own collections are off during the rounds."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
     agent = node.agent(interval=3600, exporters="prometheus")
     agent.start()
@@ -131,7 +132,7 @@ def test_every_round_of_the_serving_agent_ends_with_a_full_collection(tmp_path: 
             gc.enable()
         agent.stop(timeout_s=2)
     assert events[:after_first] == [("start", 2), ("stop", 2)]
-    assert events[after_first:] == [("start", 2), ("stop", 2)]
+    assert events[after_first:] == []
 
 
 _OURS = "glibc.malloc.tcache_count=0"
