@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import threading
+import time
 from collections.abc import Callable
 
 _frozen = threading.Event()
@@ -34,15 +36,25 @@ def freeze_long_lived_objects() -> None:
         release_free_memory()
 
 
+TIDY_GAP_S = 60.0  # the free lists grow by a few KB a minute: emptying them once a minute is plenty
+_last_tidy = -math.inf
+
+
 def tidy_after_round() -> None:
-    """At the end of each background round on the timer: a full collection, which also empties the
-    interpreter's free lists (the tuples, lists, dicts and floats it keeps for reuse, up to 2,000 tuples
-    of each length up to 20), then the free pages back to the system. Nothing else empties those lists,
-    and with the collector waiting for many young objects (above) no full collection comes: they only
-    grew. A tuple built from a generator is allocated at a guessed length and resized, so it leaves one
-    length's free list and joins another's, a few per scrape; on the 2x32 node the lists held ~1.8 MB
-    after 1,000 scrapes. The collection scans only what was made since the freeze: ~1.3 ms a round
-    there, 5-10 ms on the 8x48 node."""
+    """At the end of a background round on the timer, at most once a minute: a full collection, which
+    also empties the interpreter's free lists (the tuples, lists, dicts and floats it keeps for reuse, up
+    to 2,000 tuples of each length up to 20), then the free pages back to the system. Nothing else empties
+    those lists, and with the collector waiting for many young objects (above) no full collection comes:
+    they only grew. A tuple built from a generator is allocated at a guessed length and resized, so it
+    leaves one length's free list and joins another's, a few per scrape; on the 2x32 node the lists held
+    ~1.8 MB after 1,000 scrapes. The collection scans all that is not frozen: ~1.3 ms on the 2x32 node,
+    5-10 ms on the 8x48 node, more where much was made after the freeze (a process that runs an agent
+    beside other work)."""
+    global _last_tidy
+    now = time.monotonic()
+    if now - _last_tidy < TIDY_GAP_S:
+        return
+    _last_tidy = now
     gc.collect()
     release_free_memory()
 
