@@ -19,9 +19,11 @@ from otel_numa.options import AgentOptions, from_json
 
 OPTIONS_ENV = "OTEL_NUMA_RESOLVED_OPTIONS"
 # glibc gives each thread that allocates its own malloc arena (up to 8 per core), each keeping freed
-# memory of its own; the agent's threads (HTTP workers, the scheduler, gRPC's) then hold ~1 MB more on a
-# 2x32 node. Two arenas are plenty for a process that mostly sleeps. An operator's own value wins.
-MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
+# memory of its own; the agent's threads (HTTP workers, the scheduler, gRPC's) then held ~1 MB more on a
+# 2x32 node. With two arenas, one agent in two or three still held that megabyte more (the second arena's
+# share of a round's and a page's buffers); with one, none did, at no measurable CPU: Python's own
+# allocator serves the small objects under the GIL. An operator's own value wins.
+MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "1")
 # One more glibc setting, unless the operator's GLIBC_TUNABLES sets it (read when the program starts): no
 # per-thread cache of freed blocks (tcache: up to 7 of each size up to 1 KiB per thread). In the agent those
 # are the larger objects of a collection or a page, allocated anew at other sizes by the next round, so the

@@ -92,7 +92,7 @@ def test_the_serving_process_loads_neither_pydantic_nor_an_unneeded_grpc(tmp_pat
         cmdline = Path(f"/proc/{agent.process.pid}/cmdline").read_bytes().split(b"\0")
         assert b"otel_numa.serve" in cmdline  # the same PID, exec'ed into the serving module
         environment = Path(f"/proc/{agent.process.pid}/environ").read_bytes().split(b"\0")
-        assert b"MALLOC_ARENA_MAX=2" in environment  # two malloc arenas, from the program's start
+        assert b"MALLOC_ARENA_MAX=1" in environment  # one malloc arena, from the program's start
         assert b"GLIBC_TUNABLES=glibc.malloc.tcache_count=0" in environment  # no per-thread block cache
         assert "pydantic_core" not in maps
         assert "cygrpc" not in maps
