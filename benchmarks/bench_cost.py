@@ -437,31 +437,32 @@ def bounded(value: float, low: int, high: int) -> int:
 def measure_floor(
     tree: Tree, endpoint: str, receipts: Receipts, work: Path, agent_tree: Path | None
 ) -> tuple[float, int]:
-    """RSS and series of the agent on the same machine with an empty kubelet (same flags, same warm-up)."""
+    """RSS and series of the agent on the same machine with an empty kubelet, after 3 plain scrapes."""
     assert tree.floor is not None
-    with podresources_server(tree.floor, work, f"{tree.key}-floor") as socket_args:
-        args = [*node_args(tree.floor), *socket_args, *common_args(endpoint, LONG_INTERVAL_S)]
-        seen = receipts.count()
-        with run_agent(args, work, agent_tree=agent_tree) as agent:
-            receipts.wait_beyond(seen, 60)
-            for _ in range(3):
-                body = agent.scrape()[1]
-            return agent.rss_bytes() / 2**20, count_series(body)
+    label = f"{tree.key}-floor"
+    return agent_memory(tree.floor, label, endpoint, receipts, work, agent_tree, scrapes=3, gzip=False)
 
 
-def agent_at_equal_age(
-    node: LargeNode, label: str, endpoint: str, receipts: Receipts, work: Path, agent_tree: Path | None
+def agent_memory(
+    node: LargeNode,
+    label: str,
+    endpoint: str,
+    receipts: Receipts,
+    work: Path,
+    agent_tree: Path | None,
+    scrapes: int = PAIRED_SCRAPES,
+    gzip: bool = True,
 ) -> tuple[float, int]:
-    """RSS (MB) and series of a fresh agent on ``node`` after its start-up push and PAIRED_SCRAPES scrapes,
-    every second one with Prometheus' gzip and OpenMetrics headers."""
+    """RSS (MB) and series of a fresh agent on ``node`` after its start-up push and ``scrapes`` scrapes,
+    with ``gzip`` every second one with Prometheus' gzip and OpenMetrics headers."""
     with podresources_server(node, work, label) as socket_args:
         args = [*node_args(node), *socket_args, *common_args(endpoint, LONG_INTERVAL_S)]
         seen = receipts.count()
         with run_agent(args, work, agent_tree=agent_tree) as agent:
             receipts.wait_beyond(seen, 60)
             body = b""
-            for number in range(PAIRED_SCRAPES):
-                if number % 2:
+            for number in range(scrapes):
+                if gzip and number % 2:
                     agent.scrape_page(PROMETHEUS_SCRAPE_HEADERS)
                 else:
                     body = agent.scrape()[1]
@@ -477,12 +478,10 @@ def paired_memory(
     assert tree.floor is not None and tree.node is not None
     found = []
     for pair in range(pairs):
-        floor_rss, floor_series = agent_at_equal_age(
+        floor_rss, floor_series = agent_memory(
             tree.floor, f"{tree.key}-pair{pair}-floor", endpoint, receipts, work, agent_tree
         )
-        rss, series = agent_at_equal_age(
-            tree.node, f"{tree.key}-pair{pair}", endpoint, receipts, work, agent_tree
-        )
+        rss, series = agent_memory(tree.node, f"{tree.key}-pair{pair}", endpoint, receipts, work, agent_tree)
         found.append((rss - floor_rss) * 1024 / max(1, series - floor_series))
     return tuple(found)
 
