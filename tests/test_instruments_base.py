@@ -62,3 +62,29 @@ def test_each_series_keeps_its_first_attribute_dict_in_place_reordered_and_besid
             kept = dicts.setdefault(str(o.attributes["pod"]), o.attributes)
             assert o.attributes is kept
     assert set(dicts) == {"a", "b", "c"}
+
+
+def test_the_same_series_in_place_keep_last_times_attributes_tuple() -> None:
+    """New values for the same series, in the same order, come as Observations with the very tuple of
+    attribute mappings of last time (one comparison for the SDK path to know the series are the same); a
+    series more or fewer makes a new tuple."""
+    from otel_numa.sdk_private import Observations
+
+    current: list[Point] = []
+    meter = RecordingMeter()
+    Instruments(cast(Any, meter), cast(SnapshotStore, NoStore())).add(
+        METRICS[0], lambda _snapshot: iter(current)
+    )
+    (callback,) = meter.callbacks
+
+    def observe(*points: tuple[int, str]) -> Observations:
+        current[:] = [(value, {"pod": pod, "numa": 0}) for value, pod in points]
+        observed = callback(CallbackOptions())
+        assert type(observed) is Observations
+        return observed
+
+    first = observe((1, "a"), (2, "b"))
+    again = observe((3, "a"), (4, "b"))
+    assert again.attributes is first.attributes and again.values == [3, 4]
+    more = observe((5, "a"), (6, "b"), (7, "c"))
+    assert more.attributes is not first.attributes and more.attributes[:2] == first.attributes

@@ -8,6 +8,7 @@ import re
 import shutil
 import time
 import tomllib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -327,12 +328,15 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(
         provider.shutdown()
 
 
+@pytest.mark.parametrize("series_per_slice", [128, 5])
 def test_pages_with_new_values_written_in_are_the_libraries_pages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, series_per_slice: int
 ) -> None:
     """The page of a node whose per-container values change every round, and then loses a pod, is byte
     for byte what prometheus_client writes, in both formats: families with the same series get their new
-    values written into the previous text, families with other series are rendered again."""
+    values written into the previous text, families with other series are rendered again, a slice of
+    series at a time (with 5, the per-container families span several slices; after the pod goes, two
+    containers of unknown name have fewer attributes, and their families are rendered whole)."""
     import prometheus_client.exposition as exposition
     import prometheus_client.openmetrics.exposition as openmetrics
 
@@ -340,6 +344,8 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     from otel_numa.pipeline import build_pipeline
     from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
 
+    monkeypatch.setattr(sdk_private, "SERIES_PER_SLICE", series_per_slice)
+    sliced = calls_to(monkeypatch, sdk_private, "_sample_lines")  # the slices after a family's first
     written_in = calls_to(monkeypatch, sdk_private, "_with_new_values")  # (known, values, ...)
     rendered = install_family_rendering()
     assert isinstance(rendered, RenderedFamilies)
@@ -361,7 +367,49 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
         assert pages[1] != pages[2] != pages[3] != pages[4]
         # the families' names, from the "# HELP <name> ..." line their text starts with
         assert b"numa_container_memory_usage_bytes" in {call[0].text.split(b" ")[2] for call in written_in}
+        assert bool(sliced) is (series_per_slice == 5)
         pipeline.shutdown(timeout_s=1)
+
+
+def test_a_scrape_never_holds_a_whole_large_family_of_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family of one sample per series is translated and rendered a slice at a time: whenever the
+    library's encoder runs during the first scrape (the one that renders every family), fewer
+    prometheus_client Samples exist than the largest family has series."""
+    import prometheus_client.exposition as exposition
+    from prometheus_client.samples import Sample
+
+    from otel_numa import sdk_private
+    from otel_numa.pipeline import build_pipeline
+
+    monkeypatch.setattr(sdk_private, "SERIES_PER_SLICE", 4)
+    renderer = sdk_private.install_family_rendering()
+    assert renderer is not None
+    live: list[int] = []
+    encoder = renderer.text_encoder
+
+    def samples() -> int:
+        return sum(1 for thing in gc.get_objects() if type(thing) is Sample)
+
+    def counting(registry: Any, **options: str) -> bytes:
+        live.append(samples() - before)  # beyond those other tests left behind
+        return encoder(registry, **options)
+
+    monkeypatch.setattr(renderer, "text_encoder", counting)
+    _node, agent = small_node(tmp_path / "node", disable="health")
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    assert pipeline.registry is not None
+    agent.refresh_background()
+    gc.collect()
+    before = samples()
+    page = exposition.generate_latest(pipeline.registry)
+    series = Counter(line.split(b"{")[0] for line in page.splitlines() if line and not line.startswith(b"#"))
+    largest = series.most_common(1)[0][1]
+    assert largest >= 20
+    assert 0 < max(live) < largest, (max(live), largest)
+    assert len(live) > len(series)  # an encoding per slice
+    pipeline.shutdown(timeout_s=1)
 
 
 def test_between_scrapes_the_page_keeps_no_samples_of_gauges_and_counters(tmp_path: Path) -> None:
@@ -1044,8 +1092,9 @@ def test_slim_points_are_the_sdks_number_data_points_in_a_third_of_the_memory() 
 
 def test_slim_observations_give_the_sdk_the_points_of_the_apis_observations() -> None:
     """The SDK's own loop over a callback (another meter's instruments, a first collection) reads a
-    SlimObservation as it reads an Observation: the same points, for every kind of observable instrument."""
-    from otel_numa.sdk_private import SlimObservation, slim_observation
+    SlimObservation, and the observations of Observations' columns, as it reads an Observation: the same
+    points, for every kind of observable instrument."""
+    from otel_numa.sdk_private import Observations, SlimObservation, slim_observation
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -1055,6 +1104,10 @@ def test_slim_observations_give_the_sdk_the_points_of_the_apis_observations() ->
         create = getattr(meter, f"create_observable_{kind}")
         create(f"api.{kind}", callbacks=[lambda _o: [Observation(v, a) for v, a in observed]])
         create(f"slim.{kind}", callbacks=[lambda _o: [slim_observation(v, a) for v, a in observed]])
+        create(
+            f"columns.{kind}",
+            callbacks=[lambda _o: Observations([v for v, _a in observed], tuple(a for _v, a in observed))],
+        )
     data = reader.get_metrics_data()
     assert data is not None
     points = {
@@ -1062,7 +1115,110 @@ def test_slim_observations_give_the_sdk_the_points_of_the_apis_observations() ->
         for metric in data.resource_metrics[0].scope_metrics[0].metrics
     }
     for kind in ("counter", "up_down_counter", "gauge"):
-        assert points[f"slim.{kind}"] == points[f"api.{kind}"] == [(a, v) for v, a in observed]
+        expected = [(a, v) for v, a in observed]
+        assert points[f"slim.{kind}"] == points[f"columns.{kind}"] == points[f"api.{kind}"] == expected
     slim = SlimObservation(1, {"pod": "a"})
     assert not hasattr(slim, "__dict__") and slim.context is None
     provider.shutdown()
+
+
+def test_observations_in_columns_with_last_times_attributes_tuple_skip_the_sdks_loop_and_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An instrument that hands Observations (the agent's do): new values with last time's attributes tuple
+    give the SDK's points with one cumulative reader, without its loop or its collection, and Measurements
+    copied from last time's with two readers; another tuple of the same dicts, or a value the SDK drops,
+    goes through its loop, with the points it makes."""
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
+    from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
+
+    from otel_numa.sdk_private import FAST_PATHS, Observations
+
+    FAST_PATHS.install()
+    sdk_collects = calls_to(monkeypatch, _ViewInstrumentMatch.__dict__["collect"], "_collect")
+    sdk_loops = calls_to(monkeypatch, _Asynchronous.__dict__["callback"], "_callback")
+    a, b = {"pod": "a"}, {"pod": "b"}
+    series = (a, b)
+    current = {"observed": Observations([1, 2], series)}
+    for readers in (1, 2):
+        reader = InMemoryMetricReader()
+        others = [InMemoryMetricReader() for _ in range(readers - 1)]
+        provider = MeterProvider(metric_readers=[reader, *others])
+        provider.get_meter("guard").create_observable_counter("c", callbacks=[lambda _o: current["observed"]])
+
+        def points(reader: InMemoryMetricReader = reader) -> list[tuple[dict[str, Any], Any]]:
+            data = reader.get_metrics_data()
+            assert data is not None
+            (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
+            return [(dict(p.attributes or {}), getattr(p, "value", None)) for p in metric.data.data_points]
+
+        current["observed"] = Observations([1, 2], series)
+        assert points() == [(a, 1), (b, 2)]
+        loops, collects = len(sdk_loops), len(sdk_collects)
+        current["observed"] = Observations([3, 4.5], series)
+        assert points() == [(a, 3), (b, 4.5)]
+        assert len(sdk_loops) == loops  # no loop over the observations: no Measurements, or copies
+        assert (len(sdk_collects) == collects) is (readers == 1)
+        current["observed"] = Observations([5, 6], (a, b))  # the same dicts in another tuple
+        assert points() == [(a, 5), (b, 6)] and len(sdk_loops) == loops + 1
+        current["observed"] = Observations([float("nan"), 7], (a, b))  # the SDK drops NaN (a: no point)
+        assert points() == [(b, 7)] and len(sdk_loops) == loops + 2
+        provider.shutdown()
+
+
+def test_an_instruments_series_are_one_tuple_in_every_stage_that_keeps_them(tmp_path: Path) -> None:
+    """While an instrument's series stay the same, the one tuple of their attribute mappings that it hands
+    over (Observations) is what the points kept to repeat them, the page's translation and the kept OTLP
+    request hold: no stage keeps a copy of its own, per series, through new values."""
+    import sys
+
+    import prometheus_client.exposition as exposition
+    from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+
+    from otel_numa.pipeline import build_pipeline
+    from otel_numa.sdk_private import Observations, reuse_otlp_requests
+
+    module = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
+    __import__(module)
+    assert reuse_otlp_requests("grpc")
+    encode = sys.modules[module].encode_metrics
+    requests: list[Any] = []
+
+    class Encoding(MetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **_: Any) -> MetricExportResult:
+            requests.append(encode(metrics_data))
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            return None
+
+    node, agent = small_node(tmp_path / "node", disable="health")
+
+    def encoding(_export: Any) -> MetricExporter:
+        return Encoding()
+
+    pipeline = build_pipeline(
+        agent.options, agent.store, exporters=("prometheus", "otlp"), otlp_exporter_factory=encoding
+    )
+    assert pipeline.registry is not None
+    for generation in generations(node, agent):
+        if generation == 4:  # a pod fewer: other series
+            break
+        exposition.generate_latest(pipeline.registry)
+        pipeline.push(timeout_s=1)
+    assert len(requests) == 4
+    reused = _Asynchronous.__dict__["callback"]
+    usage = [i for i in reused._made if i.name == "numa.container.memory.usage"][-1]  # this provider's
+    observed = reused._made[usage].observations
+    assert type(observed) is Observations and len(observed) >= 24
+    assert reused._unchanged.last[usage].attributes is observed.attributes
+    (collector,) = [c for c in pipeline.registry._collector_to_names if hasattr(c, "_translate_metric")]
+    translated = collector._translate_metric._known
+    (translation,) = [t for key, t in translated.items() if key.startswith("numa.container.memory.usage|")]
+    assert translation.attributes is observed.attributes
+    assert any(entry is observed.attributes for entry in encode._kept.layout)
+    pipeline.shutdown(timeout_s=1)

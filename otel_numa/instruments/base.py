@@ -9,7 +9,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.util.types import Attributes
 
 from otel_numa.catalogue import NUMA_ID, MetricSpec
-from otel_numa.sdk_private import slim_observation
+from otel_numa.sdk_private import Observations
 from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
 from otel_numa.snapshot import Snapshot, SnapshotStore
 
@@ -36,9 +36,9 @@ class Instruments:
         the same attribute dicts, are handed to the SDK again instead of being built anew."""
         store = self._store
         no_part = object()
-        cache: tuple[object, list[Observation]] = (no_part, [])
+        cache: tuple[object, Observations] = (no_part, Observations([], ()))
 
-        previous: list[Observation] = []  # the last observations made, one per series
+        previous = cache[1]  # the last observations made, one per series
 
         def callback(_options: CallbackOptions) -> Iterable[Observation]:
             nonlocal cache, previous
@@ -53,13 +53,15 @@ class Instruments:
                 if observations is None:
                     # the same attributes object for a series as long as it exists, whatever its value:
                     # found among last time's (made only now: series come and go rarely)
-                    kept = {_identity(o.attributes): o.attributes for o in previous}
-                    observations = []
+                    kept = {_identity(attributes): attributes for attributes in previous.attributes}
+                    values: list[float | int] = []
+                    series: list[Attributes] = []
                     for value, attributes in points:
                         if _exportable(value):
                             stable = series_attributes(attributes) if attributes else attributes
-                            attributes = kept.get(_identity(stable), stable)
-                            observations.append(slim_observation(value, attributes))
+                            values.append(value)
+                            series.append(kept.get(_identity(stable), stable))
+                    observations = Observations(values, tuple(series))
                 previous = observations
                 if part is not None:
                     cache = (key, observations)
@@ -90,16 +92,15 @@ def _identity(attributes: Attributes) -> object:
     return (tuple(attributes), tuple(attributes.values())) if attributes else ()
 
 
-def _same_series_in_place(points: list[Point], previous: list[Observation]) -> list[Observation] | None:
+def _same_series_in_place(points: list[Point], previous: Observations) -> Observations | None:
     """Observations for ``points`` when they are last time's series in last time's order (new values, as
-    after a cgroup round): each keeps the attributes of the observation at its place, found by one
-    comparison instead of a lookup. ``None`` when any series differs."""
+    after a cgroup round): they keep last time's attributes tuple, each series checked by one comparison
+    instead of a lookup. ``None`` when any series differs."""
     if len(points) != len(previous):
         return None
-    observations = []
-    for (value, attributes), before in zip(points, previous, strict=True):
-        stable = before.attributes
+    values = []
+    for (value, attributes), stable in zip(points, previous.attributes, strict=True):
         if (attributes is not stable and not same_attributes(stable, attributes)) or not _exportable(value):
             return None
-        observations.append(slim_observation(value, stable))
-    return observations
+        values.append(value)
+    return Observations(values, previous.attributes)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from otel_numa.model import CgroupLayout, ContainerNumaUsage, shared_name, small_map
+from otel_numa.model import CgroupLayout, ContainerNumaUsage, shared_name, shared_set, small_map
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import parse_cpulist, read_optional_text
 
@@ -323,7 +323,8 @@ def read_container_usage(
         container_id=cgroup.container_id,
         # kept until the container's files change: one tuple per map instead of a dict
         memory_by_type=small_map({kind: small_map(by_node) for kind, by_node in memory.items()}),
-        cpus=parse_cpulist(cpus) if cpus is not None else None,
-        mems=parse_cpulist(mems) if mems is not None else None,
+        # a handful of distinct sets on a node (the shared pool, the nodes, the exclusive CPUs)
+        cpus=shared_set(parse_cpulist(cpus)) if cpus is not None else None,
+        mems=shared_set(parse_cpulist(mems)) if mems is not None else None,
         cpu_time_s=cpu_time,
     )
