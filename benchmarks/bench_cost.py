@@ -327,14 +327,18 @@ def fresh_cycles(
     interval_s: float,
     cycles: int,
     idle: dict[str, float],
+    receipts_before: int,
 ) -> FreshStats:
     """Cycles of: new inputs written; the agent's background round (cgroups read, OTLP push) arrives at
     rotel; both targets scraped. The round starts ``interval_s`` after the previous one ended, the
     inputs are written right after the scrapes, so every round reads the new inputs and every scrape
-    follows its round; each agent page is checked for the generation it should show."""
+    follows its round; each agent page is checked for the generation it should show. The first inputs
+    are written once the agent's start-up round has pushed (rotel had ``receipts_before`` exports before
+    the agent started): written while it read them, they gave it a mix of old and new files, whose
+    series then changed in the first measured cycle."""
     proc_stat = ProcStat(tree.procfs_root)
     targets = (agent, exporter)
-    seen = receipts.wait_beyond(0, 60)  # the round at start-up
+    seen = receipts.wait_beyond(receipts_before, 60)  # the round at start-up
     generation = 1
     tree.rewrite(generation, proc_stat)
     spent: dict[str, list[float]] = {target.name: [] for target in targets}
@@ -532,8 +536,9 @@ def measure_tree(tree: Tree, rotel: Rotel, work: Path, budget: Budget, agent_tre
         estimate = interval_s + 2 * plain[0].latency_median_ms / 1000 + rewrite_s + SETTLE_S
         cycles = bounded(budget.cycles_s / estimate, budget.min_cycles, budget.max_cycles)
         progress(f"{tree.key}: {cycles} fresh cycles at --interval {interval_s:g}")
+        seen = receipts.count()
         with run_agent([*args, *common_args(endpoint, interval_s)], work, agent_tree=agent_tree) as agent:
-            fresh = fresh_cycles(tree, agent, exporter, receipts, interval_s, cycles, idle)
+            fresh = fresh_cycles(tree, agent, exporter, receipts, interval_s, cycles, idle, seen)
     paired_kb: tuple[float, ...] = ()
     if tree.floor is not None and budget.memory_pairs:
         progress(f"{tree.key}: {budget.memory_pairs} pairs of agents at equal age, without and with the pods")
