@@ -369,7 +369,8 @@ class KubeletState:
     # podresources' allocatable view; it wins over what the checkpoints and settings imply
     allocatable_cpus: frozenset[int] | None = None
     allocatable_devices: Mapping[DeviceKey, int] | None = None
-    # podresources' answer joined to UIDs (see otel_numa.join); where it disagrees with a checkpoint it wins
+    # podresources' answer joined to UIDs (see otel_numa.accounting.join); where it disagrees with a
+    # checkpoint it wins
     podresources: JoinedPodResources | None = None
 
 

@@ -1,6 +1,6 @@
 """The agent's resolved options: plain typed values, one small object per part of the agent.
 
-``otel_numa.settings`` (pydantic) reads flags, environment and the YAML file and resolves them into an
+``otel_numa.cli.settings`` (pydantic) reads flags, environment and the YAML file and resolves them into an
 :class:`AgentOptions` once, at the edge. Everything below the command line takes these plain values, so a
 collector never sees the whole configuration, and the long-running process can be started from them without
 ever importing pydantic (:func:`to_json` / :func:`from_json` carry them across ``exec``).

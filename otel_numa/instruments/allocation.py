@@ -8,7 +8,7 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import Allocation, ContainerAllocation, ContainerRef
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 HUGEPAGE_SIZE = "k8s.hugepage.size"
 RESOURCE_NAME = "numa.resource.name"

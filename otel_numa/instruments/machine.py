@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from otel_numa.accounting import hugepage_size_label
+from otel_numa.accounting.allocation import hugepage_size_label
 from otel_numa.instruments.base import NUMA_ID, Observe, Part, Point
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 KIB = 1024
 

@@ -1,6 +1,6 @@
 """Damage one file of a tree in one of five ways, run the agent once through its command line, and compare.
 
-Used by the fault sweep (tests/test_fault_sweep.py). Each damage is undone before the next, so one
+Used by the fault sweep (tests/agent/test_fault_sweep.py). Each damage is undone before the next, so one
 extracted tree serves every variant.
 """
 
@@ -18,7 +18,7 @@ from typing import Literal
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_numa.cli import main
+from otel_numa.cli.main import main
 
 Variant = Literal["missing", "empty", "garbage", "truncated", "directory"]
 VARIANTS: tuple[Variant, ...] = ("missing", "empty", "garbage", "truncated", "directory")

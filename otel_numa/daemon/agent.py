@@ -1,0 +1,192 @@
+"""Wires sources, collectors, the snapshot store, the pipeline and the HTTP endpoints together.
+
+Only the parts the enabled metrics need are built (:meth:`otel_numa.cli.settings.Settings.to_options`
+decides): a switched-off group's sources are never opened. A snapshot is built in isolated stages
+(:mod:`otel_numa.snapshot.stages`): machine, allocation, container usage, enrichment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from otel_numa.accounting.allocation import compute_allocation
+from otel_numa.daemon.heap import release_free_memory, tidy_after_round
+from otel_numa.daemon.scheduler import Scheduler
+from otel_numa.endpoints.health import HealthServer
+from otel_numa.endpoints.metrics_page import MetricsServer
+from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
+from otel_numa.options import AgentOptions
+from otel_numa.pipeline import Pipeline, build_pipeline
+from otel_numa.snapshot.collectors.background import BackgroundSources
+from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.snapshot.collectors.kubelet import KubeletCollector
+from otel_numa.snapshot.collectors.machine import MachineCollector
+from otel_numa.snapshot.memo import LastResult
+from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.snapshot.stages import Stage
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
+from otel_numa.snapshot.watch import CheckpointWatcher
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+        self.sources = SourceRegistry()
+        machine = options.machine
+        self._machine = MachineCollector(
+            machine.sysfs_root, machine.procfs_root, self.sources, parts=machine.parts
+        )
+        self._kubelet = KubeletCollector(options.kubelet, self.sources) if options.kubelet else None
+        # podresources and the runtime: refreshed by the scheduler, only read by snapshot builds
+        self.background = BackgroundSources(options.podresources, options.runtime, self.sources)
+        self._cgroups: CgroupCollector | None = None
+        if options.cgroups is not None:
+            cgroups = options.cgroups
+            names = ContainerLogNames(cgroups.container_logs_root)
+            self._cgroups = CgroupCollector(
+                cgroups.cgroup_root, names, self.sources, memory_types=cgroups.memory_types
+            )
+        self._allocation: LastResult[Allocation] = LastResult()
+        # Each stage counts its internal errors on the source it mainly reads.
+        tracker = self.sources.tracker
+        self._machine_stage: Stage[MachineUsage | None] = Stage("machine", tracker("sysfs"), None)
+        self._allocation_stage = Stage("allocation", tracker("cpu_manager"), (KubeletState(), Allocation()))
+        self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
+        self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
+        self.store = SnapshotStore(self._build_snapshot)
+        self.pipeline: Pipeline | None = None
+        self._health: HealthServer | None = None
+        self._prometheus_server: MetricsServer | None = None
+        self.scheduler: Scheduler | None = None
+        self.watcher: CheckpointWatcher | None = None
+        self._stopped = threading.Event()
+
+    # Snapshot -----------------------------------------------------------------------------------
+
+    def _build_snapshot(self) -> Snapshot:
+        machine = self._machine_stage.run(self._machine.collect)
+        stages: list[Stage[Any]] = [self._machine_stage]
+        kubelet, allocation = KubeletState(), Allocation()
+        if self._kubelet is not None:
+            kubelet, allocation = self._allocation_stage.run(lambda: self._allocate(machine))
+            stages.append(self._allocation_stage)
+        if self.background.runtime is not None:
+            allocated = allocation
+            allocation = self._enrichment_stage.run(lambda: self.background.enrich(allocated))
+            stages.append(self._enrichment_stage)
+        usage: tuple[ContainerUsage, ...] = ()
+        if self._cgroups is not None:
+            cgroups, joined_allocation = self._cgroups, allocation
+            usage = self._usage_stage.run(
+                lambda: cgroups.containers(joined_allocation, machine, kubelet.live_pods)
+            )
+            stages.append(self._usage_stage)
+        return Snapshot(
+            taken_at=time.monotonic(),
+            machine=machine,
+            allocation=allocation,
+            sources=self.sources.reports(),
+            container_usage=usage,
+            stages=tuple(stage.report for stage in stages if stage.report is not None),
+            series_forgetting=self.pipeline.forgetting_supported if self.pipeline is not None else None,
+        )
+
+    def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
+        assert self._kubelet is not None
+        kubelet = self.background.merge(self._kubelet.collect())
+        if machine is None:  # no topology yet: nothing can be put on a NUMA node
+            return kubelet, Allocation()
+        reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None
+        allocation = self._allocation.get(
+            (machine.topology, kubelet), lambda: compute_allocation(kubelet, machine.topology, reserved)
+        )
+        self.background.count_disagreements(allocation)
+        return kubelet, allocation
+
+    # One-shot mode ------------------------------------------------------------------------------
+
+    def refresh_background(self) -> None:
+        """Every background read at once, in this thread (``--once`` and in-process use: no scheduler)."""
+        if self._cgroups is not None:
+            self._cgroups.refresh()
+        self.background.refresh_once()
+
+    def exposition_once(self) -> bytes:
+        """The Prometheus text exposition of one collection."""
+        self.refresh_background()
+        pipeline = build_pipeline(self.options, self.store, exporters=("prometheus",))
+        try:
+            assert pipeline.registry is not None
+            return generate_latest(pipeline.registry)
+        finally:
+            pipeline.shutdown(timeout_s=1)
+
+    # Serving ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        options, export = self.options, self.options.export
+        if options.health_address is not None:
+            host, port = options.health_address
+            self._health = HealthServer(host, port, lambda: self.store.ready)
+            self._health.start()
+        self.pipeline = build_pipeline(options, self.store)
+        self.background.live_pods_listener = self.pipeline.forget_departed
+        if self.pipeline.registry is not None and export.prometheus_address is not None:
+            host, port = export.prometheus_address
+            self._prometheus_server = MetricsServer(
+                host, port, self.pipeline.registry, export.tls, after_request=release_free_memory
+            )
+        # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
+        self.store.refresh()
+        self.scheduler = Scheduler(
+            options.interval_s,
+            [*self.background.tasks, self._push],
+            min_trigger_gap_s=options.push_min_interval_s,
+            periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
+            closing_tasks=[tidy_after_round],
+        )
+        self.scheduler.start()
+        # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.
+        if self._kubelet is not None:
+            self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
+            self.watcher.start()
+        log.info("otel-numa serving node %s with exporters %s", options.node_name, ",".join(export.exporters))
+
+    def _push(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.push(timeout_s=self.options.export.otlp_timeout_s)
+
+    def wait(self) -> None:
+        self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    def stop(self, timeout_s: float = 4.0) -> None:
+        """Flush and stop within ``timeout_s``, even with a dead or hung collector."""
+        deadline = time.monotonic() + timeout_s
+        push_stuck = False
+        if self.watcher is not None:
+            self.watcher.stop(timeout_s=0.2)
+        if self.scheduler is not None:
+            self.scheduler.stop(timeout_s=0.5)
+            push_stuck = self.scheduler.running
+        if self._prometheus_server is not None:
+            self._prometheus_server.shutdown()
+        if self._health is not None:
+            self._health.stop()
+        if self.pipeline is not None:
+            # One last export with what is left of the budget, unless a push already hangs on the collector.
+            budget = min(self.options.export.otlp_timeout_s, deadline - time.monotonic() - 0.5)
+            if not push_stuck and budget > 0.2:
+                self.pipeline.push(timeout_s=budget)
+            self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
+        if not push_stuck:
+            self.background.close()
