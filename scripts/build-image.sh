@@ -69,5 +69,4 @@ if [ "$first" = "$repository" ] || { [[ "$first" != *.* ]] && [[ "$first" != *:*
 elif [ $push -eq 0 ]; then
     say "push it before installing: $engine push $tag"
 fi
-echo "helm install otel-numa config/helm/otel-numa --namespace otel-numa --create-namespace" \
-    "--set image.repository=$repository --set image.tag=$image_tag"
+echo "helm install otel-numa config/helm/otel-numa --namespace otel-numa --create-namespace --set image.repository=$repository --set image.tag=$image_tag"
