@@ -7,6 +7,7 @@ variables), so that it cannot meet a stack someone else started on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,12 +51,15 @@ def demo_memory_allocated() -> dict[str, float]:
     state = json.loads(DEMO_MEMORY_MANAGER.read_text())
     if "data" in state:
         state = json.loads(state["data"])
-    return {numa: float(node["memoryMap"]["memory"]["reserved"]) for numa, node in state["machineState"].items()}
+    return {
+        numa: float(node["memoryMap"]["memory"]["reserved"]) for numa, node in state["machineState"].items()
+    }
 
 
 @pytest.fixture(scope="module")
 def environment() -> dict[str, str]:
-    """The caller's environment with podman's default configuration and store, a project and ports of its own."""
+    """The caller's environment with podman's default configuration and store, and a project and ports
+    of its own."""
     if shutil.which("docker") is None and shutil.which("podman") is None:
         raise AssertionError("neither docker nor podman is installed: run bash scripts/setup.sh --test")
     env = {k: v for k, v in os.environ.items() if k not in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF")}
@@ -137,8 +141,6 @@ def test_the_readme_commands_bring_the_stack_up_and_down(environment: dict[str, 
     assert "no container of" in stopped.stderr
     assert engine and project_containers(engine, environment) == [], "the stop command left containers"
     code = None
-    try:
+    with contextlib.suppress(OSError):
         code, _ = http_get(f"http://127.0.0.1:{environment['OTEL_NUMA_STACK_PROMETHEUS_PORT']}/-/ready", 1)
-    except OSError:
-        pass
     assert code is None, "something still answers on Prometheus's port"

@@ -361,7 +361,9 @@ def test_rendering_is_valid_for_kubernetes_and_the_operator(
                 kubernetes_validate.validate(document, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 raise AssertionError(f"{object_id(document)}: {exc}") from exc
-    expected_custom = {"defaults": 0, "kustomize-base": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[values_name]
+    expected_custom = {"defaults": 0, "kustomize-base": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[
+        values_name
+    ]
     assert custom == expected_custom
 
 
@@ -509,7 +511,9 @@ def test_the_build_script_prints_an_install_line_the_chart_accepts(tool_env: dic
 
 def test_image_registry_and_digest(tool_env: dict[str, str], tmp_path: Path) -> None:
     digest = "sha256:" + "ab" * 32
-    registry = {"image": {"registry": "registry.example:5000", "repository": "infra/otel-numa", "tag": "0.2.0"}}
+    registry = {
+        "image": {"registry": "registry.example:5000", "repository": "infra/otel-numa", "tag": "0.2.0"}
+    }
     agent = container(pod_spec(render(tool_env, tmp_path, registry)), "agent")
     assert agent["image"] == "registry.example:5000/infra/otel-numa:0.2.0"
     pinned = {"image": registry["image"] | {"digest": digest}}

@@ -19,7 +19,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,12 +32,12 @@ import yaml
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.sources.files import parse_cpulist
-from otel_numa.testing.compose import interpolate
 from otel_numa.testing.checkpoints import (
     write_cpu_manager_state,
     write_device_checkpoint,
     write_memory_manager_state,
 )
+from otel_numa.testing.compose import interpolate
 from otel_numa.testing.kubelet_scenario import labels, series
 from otel_numa.testing.peers import http_get, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
@@ -232,7 +231,9 @@ def compose_run_flags() -> tuple[list[str], list[str]]:
 def test_once_with_the_compose_settings(podman: Podman, image: BuiltImage) -> None:
     flags, command = compose_run_flags()
     assert {"--read-only", "--cap-drop=ALL"} <= set(flags), flags
-    assert any(flag.startswith(f"--volume={REPO}/config/demo/sysfs:") and flag.endswith(":ro") for flag in flags)
+    assert any(
+        flag.startswith(f"--volume={REPO}/config/demo/sysfs:") and flag.endswith(":ro") for flag in flags
+    )
     completed = podman.run("run", "--rm", "--network=none", *flags, image.name, *command, "--once")
     text = completed.stdout
     # the demo node's own machine, whatever the host has

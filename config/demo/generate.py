@@ -151,7 +151,18 @@ def write_sysfs_and_procfs(dest: Path) -> None:
     # ticks per CPU: the pinned CPUs busy, the shared pool lightly used
     busy = set(range(4, 8)) | set(range(10, 14))
     ticks = {
-        cpu: (900_000 if cpu in busy else 90_000, 0, 30_000, 100_000 if cpu in busy else 900_000, 0, 0, 0, 0, 0, 0)
+        cpu: (
+            900_000 if cpu in busy else 90_000,
+            0,
+            30_000,
+            100_000 if cpu in busy else 900_000,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        )
         for numa in NUMA_NODES
         for cpu in node_cpus(numa)
     }
