@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,10 +22,12 @@ from urllib.parse import urlsplit
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
-
 from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
+
 from otel_numa.instruments.catalogue import MetricGroup
+from otel_numa.testing.compose import interpolate
+from otel_numa.testing.kubelet_scenario import labels, series
 from tests.paths import FIXTURES, REPO
 
 COMPOSE = REPO / "docker-compose.yaml"
@@ -34,8 +37,8 @@ PROMETHEUS_CONFIG = REPO / "config" / "prometheus.yaml"
 GRAFANA = REPO / "config" / "grafana"
 AGENT_EXAMPLE = REPO / "config" / "agent.example.yaml"
 
-# Host paths the agent may read from the machine it runs on; anything else must live in the repository.
-HOST_SYSTEM_PATHS = {"/sys", "/proc"}
+# The demo reads no host path: the whole node it describes lives in the repository.
+HOST_SYSTEM_PATHS: set[str] = set()
 
 # Keys of the YAML configuration file named in DESIGN.md: the flags with underscores, `exporters` as a
 # list, and `disable`.
@@ -112,7 +115,7 @@ def collector() -> dict[str, Any]:
 
 def agent_flags(service: dict[str, Any]) -> dict[str, str]:
     flags: dict[str, str] = {}
-    for word in service["command"]:
+    for word in map(interpolate, service["command"]):
         assert word.startswith("--") and "=" in word, f"write agent flags as --name=value: {word!r}"
         name, _, value = word[2:].partition("=")
         flags[name] = value
@@ -211,8 +214,8 @@ def test_ports_are_published_on_loopback_only(services: dict[str, Any]) -> None:
 def test_agent_reads_the_host_and_the_demo_kubelet_read_only(services: dict[str, Any]) -> None:
     agent = services["agent"]
     flags = agent_flags(agent)
-    assert flags["sysfs-root"] == mount_target(agent, "/sys")
-    assert flags["procfs-root"] == mount_target(agent, "/proc")
+    assert flags["sysfs-root"] == mount_target(agent, "./config/demo/sysfs")
+    assert flags["procfs-root"] == mount_target(agent, "./config/demo/procfs")
     assert flags["kubelet-root"] == mount_target(agent, "./config/demo/kubelet")
     assert flags["pod-logs-root"] == mount_target(agent, "./config/demo/pod-logs")
     assert flags["container-logs-root"] == mount_target(agent, "./config/demo/container-logs")
@@ -229,9 +232,9 @@ def test_agent_exports_both_ways(services: dict[str, Any]) -> None:
 
 def test_agent_accepts_its_compose_command(services: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     clear_agent_environment(monkeypatch)
-    settings, once = load_settings(services["agent"]["command"])
+    settings, once = load_settings([interpolate(word) for word in services["agent"]["command"]])
     assert not once
-    assert settings.sysfs_root == Path("/host/sys")
+    assert settings.sysfs_root == Path("/demo/sysfs")
     assert settings.kubelet_root == Path("/demo/kubelet")
     assert settings.podresources_socket_path is None
     assert settings.exporters == ("prometheus", "otlp")
@@ -256,7 +259,36 @@ def test_agent_pushes_to_the_collectors_otlp_receiver(
 def test_agent_health_port_matches_the_image_healthcheck(services: dict[str, Any]) -> None:
     flags = agent_flags(services["agent"])
     assert host_port(flags["health-address"])[1] == 9465
-    assert "127.0.0.1:9465:9465" in services["agent"]["ports"]
+    assert "127.0.0.1:9465:9465" in [interpolate(port) for port in services["agent"]["ports"]]
+
+
+def test_demo_node_is_coherent(services: dict[str, Any]) -> None:
+    """The agent on the demo node as compose runs it: every allocation lies on the demo's own NUMA nodes."""
+    agent = services["agent"]
+    targets = {m["target"]: str(REPO / m["source"]) for m in bind_mounts(agent)}
+    command = [interpolate(word) for word in agent["command"]]
+    for target, source in targets.items():
+        command = [word.replace(f"={target}", f"={source}") for word in command]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_NUMA_", "OTEL_EXPORTER_"))}
+    completed = subprocess.run(
+        [sys.executable, "-m", "otel_numa", *command, "--exporter=prometheus", "--once"],
+        capture_output=True, text=True, timeout=60, env=environment,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    text = completed.stdout
+    capacity = series(text, "numa_cpu_capacity")
+    nodes = {key for key in capacity}
+    assert series(text, "numa_node_count") == {labels(): 4} and len(nodes) == 4
+    assert sum(capacity.values()) == 16
+    for name in ("numa_cpu_allocated", "numa_memory_allocated_bytes", "numa_memory_allocatable_bytes"):
+        assert set(series(text, name)) == nodes, name
+    allocated = series(text, "numa_cpu_allocated")
+    assert all(allocated[node] <= capacity[node] for node in nodes)
+    assert sum(series(text, "numa_container_cpu_allocated").values()) == sum(allocated.values()) == 8
+    memory = series(text, "numa_memory_allocated_bytes")
+    assert sum(series(text, "numa_container_memory_allocated_bytes").values()) == sum(memory.values())
+    errors = {key: value for key, value in series(text, "numa_agent_source_errors_total").items() if value}
+    assert errors == {}, completed.stderr
 
 
 # ---------------------------------------------------------------- collector

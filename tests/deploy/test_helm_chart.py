@@ -23,9 +23,9 @@ import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-
 from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
+
 from otel_numa.instruments import catalogue
 from otel_numa.testing import certs
 from tests.paths import FIXTURES, REPO
@@ -71,10 +71,19 @@ PROMETHEUS_CLIENT_TLS = {
     "keySecret": {"name": "prometheus-client", "key": "tls.key"},
 }
 
+# The image every rendering names unless a test says otherwise: the kustomize base's name.
+CHOSEN_IMAGE = {"repository": "otel-numa"}
+
+# The kustomize base's choices where the chart's defaults differ: both exporters through the gateway.
+KUSTOMIZE_BASE_VALUES: dict[str, Any] = {"gateway": {"enabled": True}, "exporters": ["prometheus", "otlp"]}
+
 # Every optional object on: namespace, NetworkPolicy, both monitors, the rules, agent TLS with mTLS, a
-# config file, extra flags and environment.
+# config file, extra flags and environment, the gateway.
 ALL_ON: dict[str, Any] = {
     "createNamespace": True,
+    "gateway": {"enabled": True},
+    "exporters": ["prometheus", "otlp"],
+    "commonLabels": {"team": "platform"},
     "networkPolicy": {"enabled": True},
     "serviceMonitor": {
         "enabled": True,
@@ -117,6 +126,7 @@ RBAC_PROXY_TLS: dict[str, Any] = RBAC_PROXY | {
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "kustomize-base": KUSTOMIZE_BASE_VALUES,
     "all-on": ALL_ON,
     "rbac-proxy": RBAC_PROXY,
     "rbac-proxy-tls": RBAC_PROXY_TLS,
@@ -154,6 +164,8 @@ def helm(
     env: dict[str, str], tmp_path: Path, command: str, values: dict[str, Any], *args: str
 ) -> subprocess.CompletedProcess[str]:
     """`helm template|install|lint` of the chart as release otel-numa in namespace otel-numa."""
+    values = copy.deepcopy(values)
+    values["image"] = CHOSEN_IMAGE | values.get("image", {})  # image.repository "" tests the refusal
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
     release = [] if command == "lint" else [RELEASE]
@@ -349,7 +361,9 @@ def test_rendering_is_valid_for_kubernetes_and_the_operator(
                 kubernetes_validate.validate(document, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 raise AssertionError(f"{object_id(document)}: {exc}") from exc
-    expected_custom = {"defaults": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[values_name]
+    expected_custom = {"defaults": 0, "kustomize-base": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[
+        values_name
+    ]
     assert custom == expected_custom
 
 
@@ -428,7 +442,7 @@ def test_kustomize_renders_the_base(kustomized: dict[str, dict[str, Any]]) -> No
 def test_default_rendering_matches_kustomize_object_by_object(
     kustomized: dict[str, dict[str, Any]], rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    chart = {object_id(o): o for o in rendered["defaults"]}
+    chart = {object_id(o): o for o in rendered["kustomize-base"]}
     assert set(chart) == set(kustomized) - {"Namespace/otel-numa"}
     for name, document in chart.items():
         assert normalised(document) == normalised(kustomized[name]), name
@@ -443,7 +457,8 @@ def test_default_rendering_matches_kustomize_object_by_object(
 def test_created_namespace_matches_kustomize(
     kustomized: dict[str, dict[str, Any]], rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    namespace = find(rendered["all-on"], "Namespace")
+    namespace = copy.deepcopy(find(rendered["all-on"], "Namespace"))
+    assert namespace["metadata"]["labels"].pop("team") == "platform"  # all-on's commonLabels
     assert normalised(namespace) == normalised(kustomized["Namespace/otel-numa"])
 
 
@@ -468,6 +483,90 @@ def test_image_tag_defaults_to_app_version_and_can_be_set(tool_env: dict[str, st
     agent = container(pod_spec(render(tool_env, tmp_path, values)), "agent")
     assert agent["image"] == "registry.example/otel-numa:0.2.0"
     assert agent["imagePullPolicy"] == "Always"
+
+
+def test_install_without_an_image_is_refused_with_how_to_make_one(
+    tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = helm(tool_env, tmp_path, "install", {"image": {"repository": ""}}, "--dry-run=client")
+    assert result.returncode != 0
+    assert "image.repository is not set" in result.stderr
+    assert "bash scripts/build-image.sh --tag REGISTRY/otel-numa:TAG --push" in result.stderr
+    assert "--set image.repository=REGISTRY/otel-numa" in result.stderr
+
+
+def test_the_build_script_prints_an_install_line_the_chart_accepts(tool_env: dict[str, str]) -> None:
+    script = (REPO / "scripts" / "build-image.sh").read_text()
+    line = next(line for line in script.splitlines() if line.startswith('echo "helm install'))
+    # the line as the script prints it for the tag registry.example/otel-numa:dev
+    printed = run_tool(
+        tool_env, "bash", "-c", f"repository=registry.example/otel-numa image_tag=dev; {line}"
+    ).stdout.split()
+    assert printed[:4] == ["helm", "install", RELEASE, "config/helm/otel-numa"], printed
+    arguments = [str(CHART) if word == "config/helm/otel-numa" else word for word in printed[2:]]
+    result = run_tool(tool_env, tool("helm"), "install", *arguments, "--dry-run=client")
+    assert result.returncode == 0, result.stderr
+    assert "image: registry.example/otel-numa:dev\n" in result.stdout
+
+
+def test_image_registry_and_digest(tool_env: dict[str, str], tmp_path: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    registry = {
+        "image": {"registry": "registry.example:5000", "repository": "infra/otel-numa", "tag": "0.2.0"}
+    }
+    agent = container(pod_spec(render(tool_env, tmp_path, registry)), "agent")
+    assert agent["image"] == "registry.example:5000/infra/otel-numa:0.2.0"
+    pinned = {"image": registry["image"] | {"digest": digest}}
+    agent = container(pod_spec(render(tool_env, tmp_path, pinned)), "agent")
+    assert agent["image"] == f"registry.example:5000/infra/otel-numa@{digest}"
+
+
+def test_common_labels_reach_every_object_and_pod(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for document in rendered["all-on"]:
+        assert document["metadata"]["labels"].get("team") == "platform", object_id(document)
+        template = document.get("spec", {}).get("template")
+        if template is not None:
+            assert template["metadata"]["labels"].get("team") == "platform", object_id(document)
+
+
+def test_revision_history_limit(tool_env: dict[str, str], tmp_path: Path) -> None:
+    objects = render(tool_env, tmp_path, KUSTOMIZE_BASE_VALUES | {"revisionHistoryLimit": 3})
+    assert find(objects, "DaemonSet")["spec"]["revisionHistoryLimit"] == 3
+    assert find(objects, "Deployment")["spec"]["revisionHistoryLimit"] == 3
+
+
+def test_gateway_is_off_by_default_and_off_alone_renders(
+    tool_env: dict[str, str], tmp_path: Path, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    assert not [o for o in rendered["defaults"] if o["metadata"]["name"].endswith("-gateway")]
+    objects = render(tool_env, tmp_path, {"gateway": {"enabled": False}})
+    assert env_values(container(pod_spec(objects), "agent"))["OTEL_NUMA_EXPORTERS"] == "prometheus"
+
+
+@pytest.mark.parametrize(
+    ("values", "path"),
+    [
+        ({"resources": {"limits": {"cpu": "abc"}}}, "/resources/limits/cpu"),
+        ({"resources": {"requests": {"memory": "64 MB"}}}, "/resources/requests/memory"),
+        ({"resources": {"limit": {"cpu": "1"}}}, "'limit' not allowed"),
+        ({"gateway": {"resources": {"limits": {"memory": "-1Gi"}}}}, "/gateway/resources/limits/memory"),
+        ({"rbacProxy": {"resources": {"requests": {"cpu": "5 m"}}}}, "/rbacProxy/resources/requests/cpu"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"commonLabels": {"tier": 1}}, "/commonLabels/tier"),
+    ],
+)
+def test_schema_checks_quantities_and_image_fields(
+    values: dict[str, Any], path: str, tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = helm(tool_env, tmp_path, "template", values)
+    assert result.returncode != 0, f"helm template accepted {values}"
+    assert path in result.stderr, result.stderr
+
+
+def test_schema_accepts_quantities_in_every_form(tool_env: dict[str, str], tmp_path: Path) -> None:
+    resources = {"requests": {"cpu": 0.5, "memory": "64Mi"}, "limits": {"cpu": "1500m", "memory": "1G"}}
+    agent = container(pod_spec(render(tool_env, tmp_path, {"resources": resources})), "agent")
+    assert agent["resources"]["limits"] == {"cpu": "1500m", "memory": "1G"}
 
 
 # ---------------------------------------------------------------- the agent accepts what the chart gives it
@@ -522,8 +621,10 @@ def test_agent_accepts_the_default_rendering(
 ) -> None:
     settings = settings_of(rendered["defaults"], tmp_path, monkeypatch)
     assert settings.node_name == "worker-7"
-    assert settings.exporters == ("prometheus", "otlp")
-    assert settings.otlp_url == "http://otel-numa-gateway.otel-numa.svc:4317"
+    assert settings.exporters == ("prometheus",), "the default exporters need no gateway"
+    gateway = settings_of(rendered["kustomize-base"], tmp_path, monkeypatch)
+    assert gateway.exporters == ("prometheus", "otlp")
+    assert gateway.otlp_url == "http://otel-numa-gateway.otel-numa.svc:4317"
     assert settings.prometheus_address == "0.0.0.0:9464"
     assert settings.tls_cert_file is None
 
@@ -631,13 +732,14 @@ def test_priority_class_defaults_to_system_node_critical(rendered: dict[str, lis
 
 
 def test_otlp_needs_an_endpoint_without_the_gateway(tool_env: dict[str, str], tmp_path: Path) -> None:
-    error = render_error(tool_env, tmp_path, {"gateway": {"enabled": False}})
+    error = render_error(tool_env, tmp_path, {"exporters": ["prometheus", "otlp"]})
     assert "set otlp.endpoint, or gateway.enabled=true" in error
     objects = render(
         tool_env,
         tmp_path,
         {
             "gateway": {"enabled": False},
+            "exporters": ["prometheus", "otlp"],
             "otlp": {"endpoint": "https://otlp.example:4318", "protocol": "http/protobuf"},
         },
     )
@@ -892,6 +994,8 @@ def test_packaged_chart_carries_the_rules(tool_env: dict[str, str], tmp_path: Pa
         NAMESPACE,
         "--set",
         "prometheusRule.enabled=true",
+        "--set",
+        f"image.repository={CHOSEN_IMAGE['repository']}",
         "--show-only",
         "templates/prometheusrule.yaml",
     )

@@ -5,9 +5,9 @@ storage of the tests' own (both set up by scripts/setup.d/podman.sh, which keeps
 The image then runs with the settings users deploy, read from the files they deploy, not copied here:
 the compose file's (read-only root, no capability, no privilege escalation, host /sys and /proc read-only,
 the image's non-root user) and the DaemonSet's (UID 0, no capability, read-only root, resource limits,
-the kubelet directory with root-owned 0600 checkpoints and a podresources socket, read-only). Last, the
-compose stack's agent and Prometheus (Debian's package, built locally by config/compose/podman.override.yaml)
-run under podman-compose. Build time, image and layer sizes and the UID are printed to the test output.
+the kubelet directory with root-owned 0600 checkpoints and a podresources socket, read-only). The whole
+compose stack is run by tests/test_deploy_stack.py through the README's commands. Build time, image and
+layer sizes and the UID are printed to the test output.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,23 +37,21 @@ from otel_numa.testing.checkpoints import (
     write_device_checkpoint,
     write_memory_manager_state,
 )
+from otel_numa.testing.compose import interpolate
 from otel_numa.testing.kubelet_scenario import labels, series
 from otel_numa.testing.peers import http_get, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from tests.paths import REPO
 
 COMPOSE = REPO / "docker-compose.yaml"
-PODMAN_OVERRIDE = REPO / "config" / "compose" / "podman.override.yaml"
 DAEMONSET = REPO / "config" / "kubernetes" / "daemonset.yaml"
-DEMO_MEMORY_MANAGER = REPO / "config" / "demo" / "kubelet" / "memory_manager_state"
+DEMO_NODES = REPO / "config" / "demo" / "sysfs" / "devices" / "system" / "node"
 
 # Made and kept by scripts/setup.d/podman.sh.
 PODMAN_HOME = Path("/var/lib/otel-numa-podman")
 BASE_IMAGE = "localhost/otel-numa-base:bookworm-1"
 BASE_IMAGE_ARM64 = "localhost/otel-numa-base:bookworm-1-arm64"
-PROMETHEUS_IMAGE = "localhost/otel-numa-prometheus:bookworm"
 ARM64_REPOSITORY = "localhost/otel-numa-arm64"
-COMPOSE_PROJECT = "otel-numa-image-test"
 # The host's trust store, mounted for the build's RUN steps only (never a layer): pip in the builder stage
 # must verify the package index, which may sit behind an HTTPS proxy with a local CA.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -185,7 +182,7 @@ def test_the_image_holds_what_runs_and_nothing_of_the_build(podman: Podman, imag
         packages = [p for p in root.glob("usr/local/lib/python3*/dist-packages/otel_numa") if p.is_dir()]
         assert len(packages) == 1, "the agent is installed into the system Python once"
         # bytecode compiled at build time: on a read-only root Python cannot write it later
-        assert list((packages[0] / "__pycache__").glob("cli.*.pyc")), "no bytecode for otel_numa"
+        assert list((packages[0] / "__pycache__").glob("model.*.pyc")), "no bytecode for otel_numa"
         assert not (packages[0] / "testing").exists(), "test support is not shipped"
     finally:
         podman.run("image", "unmount", image.name)
@@ -203,9 +200,9 @@ def build_traces(root: Path) -> set[str]:
 # ---------------------------------------------------------------------------------- compose settings
 
 
-def host_cpus_per_node() -> dict[int, int]:
+def cpus_per_node(nodes: Path) -> dict[int, int]:
     counts = {}
-    for node in sorted(HOST_NODES.glob("node[0-9]*")):
+    for node in sorted(nodes.glob("node[0-9]*")):
         counts[int(node.name[4:])] = len(parse_cpulist((node / "cpulist").read_text()))
     return counts
 
@@ -228,21 +225,22 @@ def compose_run_flags() -> tuple[list[str], list[str]]:
         host = REPO / source if source.startswith(".") else Path(source)
         mode = "ro" if volume.get("read_only") else "rw"
         flags.append(f"--volume={host}:{volume['target']}:{mode}")
-    return flags, [str(word) for word in service["command"]]
+    return flags, [interpolate(str(word)) for word in service["command"]]
 
 
 def test_once_with_the_compose_settings(podman: Podman, image: BuiltImage) -> None:
     flags, command = compose_run_flags()
     assert {"--read-only", "--cap-drop=ALL"} <= set(flags), flags
-    assert any(flag.startswith("--volume=/sys:") and flag.endswith(":ro") for flag in flags)
-    assert any(flag.startswith("--volume=/proc:") and flag.endswith(":ro") for flag in flags)
+    assert any(
+        flag.startswith(f"--volume={REPO}/config/demo/sysfs:") and flag.endswith(":ro") for flag in flags
+    )
     completed = podman.run("run", "--rm", "--network=none", *flags, image.name, *command, "--once")
     text = completed.stdout
-    expected = host_cpus_per_node()
-    assert series(text, "numa_node_count") == {labels(): max(len(expected), 1)}
-    if expected:  # a kernel with NUMA: the container sees the host's nodes through the mounted /sys
-        assert series(text, "numa_cpu_capacity") == {labels(numa_node_id=n): c for n, c in expected.items()}
-    assert series(text, "numa_memory_capacity_bytes"), "no memory series"
+    # the demo node's own machine, whatever the host has
+    expected = cpus_per_node(DEMO_NODES)
+    assert series(text, "numa_node_count") == {labels(): len(expected)}
+    assert series(text, "numa_cpu_capacity") == {labels(numa_node_id=n): c for n, c in expected.items()}
+    assert len(series(text, "numa_memory_capacity_bytes")) == len(expected)
 
 
 def proc_status(pid: int) -> dict[str, str]:
@@ -489,84 +487,6 @@ def test_once_with_the_daemonset_settings_reads_the_kubelet_state_read_only(
     assert after == before, "the kubelet directory changed"
 
 
-# ---------------------------------------------------------------------------------- podman-compose
-
-
-def demo_memory_allocated() -> dict[str, float]:
-    """numa.memory.allocated of the demo kubelet state: the memory manager's reserved memory per node."""
-    state = json.loads(DEMO_MEMORY_MANAGER.read_text())
-    if "data" in state:
-        state = json.loads(state["data"])
-    return {
-        numa: float(node["memoryMap"]["memory"]["reserved"]) for numa, node in state["machineState"].items()
-    }
-
-
-def test_the_compose_stack_runs_under_podman_compose(
-    podman: Podman, image: BuiltImage, tmp_path: Path, pytestconfig: pytest.Config
-) -> None:
-    # the virtual environment's (the test extra installs it), else one on the PATH
-    compose_tool = shutil.which("podman-compose", path=str(Path(sys.executable).parent))
-    compose_tool = compose_tool or shutil.which("podman-compose")
-    assert compose_tool, "podman-compose is not installed: run bash scripts/setup.sh --test"
-    # the test's own port-less variant: Prometheus is reached on the compose network, nothing on the host
-    no_ports = tmp_path / "no-ports.yaml"
-    no_ports.write_text("services:\n  agent:\n    ports: !reset []\n  prometheus:\n    ports: !reset []\n")
-    files = ["-f", str(COMPOSE), "-f", str(PODMAN_OVERRIDE), "-f", str(no_ports)]
-    base = [compose_tool, "--project-name", COMPOSE_PROJECT, *files]
-
-    def compose(*args: str, timeout_s: float = 120) -> str:
-        completed = subprocess.run(
-            [*base, *args], cwd=REPO, env=dict(podman.env), capture_output=True, text=True, timeout=timeout_s
-        )
-        assert completed.returncode == 0, (
-            f"podman-compose {' '.join(args)}:\n{completed.stdout}{completed.stderr}"
-        )
-        return completed.stdout
-
-    if podman.run("image", "exists", PROMETHEUS_IMAGE, check=False).returncode != 0:
-        started = time.monotonic()
-        compose("build", "prometheus", timeout_s=300)  # the override's recipe; kept for later runs
-        report(
-            pytestconfig,
-            f"built {PROMETHEUS_IMAGE} from Debian's package in {time.monotonic() - started:.1f} s",
-        )
-    compose("down", "--timeout=5")  # what an interrupted run may have left
-    try:
-        compose("up", "--detach", "--no-build", "--no-deps", "agent", "prometheus")
-        [prometheus] = podman.inspect("container", "inspect", f"{COMPOSE_PROJECT}_prometheus_1")
-        address = prometheus["NetworkSettings"]["Networks"][f"{COMPOSE_PROJECT}_default"]["IPAddress"]
-
-        def query(expr: str) -> list[dict[str, Any]]:
-            status, body = http_get(f"http://{address}:9090/api/v1/query?query={expr}", 2)
-            payload = json.loads(body)
-            assert status == 200 and payload["status"] == "success", payload
-            return list(payload["data"]["result"])
-
-        # the scrape interval is 15 s: the first scrape comes within one interval of the start
-        node_count = wait_for(lambda: query('numa_node_count{job="otel-numa"}'), 40, "a scrape of the agent")
-        [sample] = node_count
-        assert sample["metric"]["instance"] == "agent:9464", "scraped by the service's name"
-        assert sample["metric"]["k8s_node_name"] == "demo-node"
-        assert float(sample["value"][1]) == max(len(host_cpus_per_node()), 1)
-        allocated = {
-            item["metric"]["numa_node_id"]: float(item["value"][1])
-            for item in query('numa_memory_allocated_bytes{job="otel-numa"}')
-        }
-        assert allocated == demo_memory_allocated(), "the demo kubelet state, read through the mount"
-    finally:
-        compose("down", "--timeout=5")
-
-
-def test_the_podman_override_builds_on_the_base_the_setup_makes() -> None:
-    override = yaml.safe_load(PODMAN_OVERRIDE.read_text())
-    assert override["services"]["agent"]["build"]["args"]["BASE_IMAGE"] == BASE_IMAGE
-    assert f"FROM {BASE_IMAGE}\n" in override["services"]["prometheus"]["build"]["dockerfile_inline"]
-    assert override["services"]["prometheus"]["image"] == PROMETHEUS_IMAGE
-    setup = (REPO / "scripts" / "setup.d" / "podman.sh").read_text()
-    assert f"BASE_IMAGE={BASE_IMAGE}\n" in setup and f"PODMAN_HOME={PODMAN_HOME}\n" in setup
-
-
 # ---------------------------------------------------------------------------------- another architecture
 
 
@@ -606,6 +526,6 @@ def test_an_arm64_image_builds_and_runs_under_emulation(podman: Podman, pytestco
     completed = podman.run(
         "run", "--rm", "--network=none", *flags, name, *command, "--once", timeout_s=120
     )  # fmt: skip
-    assert series(completed.stdout, "numa_node_count") == {labels(): max(len(host_cpus_per_node()), 1)}
+    assert series(completed.stdout, "numa_node_count") == {labels(): len(cpus_per_node(DEMO_NODES))}
     machine = podman.run("run", "--rm", "--network=none", "--entrypoint=uname", name, "-m").stdout.strip()
     assert machine == "aarch64", "the container ran natively, not as arm64"
