@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from otel_numa.accounting import compute_allocation
+from otel_numa.catalogue import PROCESS_METRICS
 from otel_numa.collectors.background import BackgroundSources
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.collectors.kubelet import KubeletCollector
@@ -23,12 +24,15 @@ from otel_numa.health_server import HealthServer
 from otel_numa.heap import tidy_after_round
 from otel_numa.http_server import MetricsServer
 from otel_numa.memo import LastResult
-from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
+from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage, ProcessUsage
 from otel_numa.options import AgentOptions
 from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.scheduler import Scheduler
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
+from otel_numa.sources import roots
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.process import OwnProcess
 from otel_numa.stages import Stage
 from otel_numa.watch import CheckpointWatcher
 
@@ -54,6 +58,8 @@ class Agent:
                 cgroups.cgroup_root, names, self.sources, memory_types=cgroups.memory_types
             )
         self._allocation: LastResult[Allocation] = LastResult()
+        self._process = OwnProcess() if PROCESS_METRICS & set(options.metrics) else None
+        self._process_failed = False
         # Each stage counts its internal errors on the source it mainly reads.
         tracker = self.sources.tracker
         self._machine_stage: Stage[MachineUsage | None] = Stage("machine", tracker("sysfs"), None)
@@ -61,12 +67,31 @@ class Agent:
         self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
         self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
         self.store = SnapshotStore(self._build_snapshot)
+        self._check_roots()
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
         self._prometheus_server: MetricsServer | None = None
         self.scheduler: Scheduler | None = None
         self.watcher: CheckpointWatcher | None = None
         self._stopped = threading.Event()
+
+    def _check_roots(self) -> None:
+        """A root that holds none of what it should is a mount mistake: warn once and report its sources
+        as failing, so a mis-mounted DaemonSet does not look healthy."""
+        options = self.options
+        problems: list[tuple[str | None, tuple[str, ...]]] = [
+            (roots.sysfs_problem(options.machine.sysfs_root), ("sysfs",))
+        ]
+        if options.kubelet is not None and options.kubelet.checkpoints:
+            checkpoints = tuple(sorted(options.kubelet.checkpoints))
+            problems.append((roots.kubelet_problem(options.kubelet.kubelet_root), checkpoints))
+        if options.cgroups is not None:
+            problems.append((roots.cgroup_problem(options.cgroups.cgroup_root), ("cgroup",)))
+        for problem, names in problems:
+            if problem is not None:
+                log.warning("%s; numa.agent.source.success is 0 for %s", problem, ", ".join(names))
+                for name in names:
+                    self.sources.tracker(name).wrong_root(problem)
 
     # Snapshot -----------------------------------------------------------------------------------
 
@@ -96,7 +121,22 @@ class Agent:
             container_usage=usage,
             stages=tuple(stage.report for stage in stages if stage.report is not None),
             series_forgetting=self.pipeline.forgetting_supported if self.pipeline is not None else None,
+            process=self._read_process(),
         )
+
+    def _read_process(self) -> ProcessUsage | None:
+        """The agent's own cost, once per snapshot (every callback of a collection reads this one)."""
+        if self._process is None:
+            return None
+        try:
+            usage = self._process.read()
+        except SourceError as exc:
+            if not self._process_failed:
+                log.warning("%s; the process.* series are left out", exc)
+            self._process_failed = True
+            return None
+        self._process_failed = False
+        return usage
 
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None

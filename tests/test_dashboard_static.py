@@ -64,6 +64,11 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_info": POD,
     "numa_agent_source_errors_total": frozenset({"numa_source", "error_type"}),
     "numa_agent_source_age_seconds": frozenset({"numa_source"}),
+    # the agent's own process, OpenTelemetry's process semantic conventions
+    "process_cpu_time_seconds_total": frozenset({"cpu_mode"}),
+    "process_memory_usage_bytes": frozenset(),
+    "process_open_file_descriptor_count": frozenset(),
+    "process_thread_count": frozenset(),
 }
 
 # What the dashboard must show at least.
@@ -286,12 +291,13 @@ def test_catalogue_follows_design_naming() -> None:
     # A guard on the hand-written catalogue itself: Prometheus names of counters end in _total and
     # byte-valued series in _bytes, as the OTel Prometheus exporter renders units.
     for name in METRIC_LABELS:
-        assert re.fullmatch(r"numa_[a-z_]+", name)
+        assert re.fullmatch(r"(numa|process)_[a-z_]+", name)
     assert {n for n in METRIC_LABELS if n.endswith("_total")} == {
         "numa_cpu_time_seconds_total",
         "numa_memory_page_allocations_total",
         "numa_container_cpu_time_seconds_total",
         "numa_agent_source_errors_total",
+        "process_cpu_time_seconds_total",
     }
 
 

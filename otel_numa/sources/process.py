@@ -1,0 +1,29 @@
+"""The agent's own process: CPU time, resident memory, open file descriptors and threads (psutil)."""
+
+from __future__ import annotations
+
+import psutil
+
+from otel_numa.model import ProcessUsage
+from otel_numa.sources.errors import SourceUnavailable
+
+
+class OwnProcess:
+    """Reads this process's cost; one ``oneshot`` read per call, so the four values are of one moment."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+
+    def read(self) -> ProcessUsage:
+        try:
+            with self._process.oneshot():
+                times = self._process.cpu_times()
+                return ProcessUsage(
+                    cpu_user_s=times.user,
+                    cpu_system_s=times.system,
+                    resident_bytes=self._process.memory_info().rss,
+                    open_file_descriptors=self._process.num_fds(),
+                    threads=self._process.num_threads(),
+                )
+        except psutil.Error as exc:  # /proc mounted oddly or hidden: the health series are left out
+            raise SourceUnavailable(f"cannot read the agent's own process: {exc}") from exc
