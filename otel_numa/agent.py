@@ -39,6 +39,18 @@ from otel_numa.watch import CheckpointWatcher
 log = logging.getLogger(__name__)
 
 
+class CannotListen(OSError):
+    """An address the agent serves on cannot be bound (taken, not local, not permitted)."""
+
+    def __init__(self, setting: str, host: str, port: int, cause: OSError) -> None:
+        reason = (cause.strerror or str(cause)).lower()
+        super().__init__(
+            f"cannot listen on {host}:{port} ({setting}): {reason}; stop what uses it or choose another "
+            f"--{setting.replace('_', '-')}"
+        )
+        self.setting = setting
+
+
 class Agent:
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
@@ -174,13 +186,19 @@ class Agent:
         options, export = self.options, self.options.export
         if options.health_address is not None:
             host, port = options.health_address
-            self._health = HealthServer(host, port, lambda: self.store.ready)
+            try:
+                self._health = HealthServer(host, port, lambda: self.store.ready)
+            except OSError as exc:
+                raise CannotListen("health_address", host, port, exc) from exc
             self._health.start()
         self.pipeline = build_pipeline(options, self.store)
         self.background.live_pods_listener = self.pipeline.forget_departed
         if self.pipeline.registry is not None and export.prometheus_address is not None:
             host, port = export.prometheus_address
-            self._prometheus_server = MetricsServer(host, port, self.pipeline.registry, export.tls)
+            try:
+                self._prometheus_server = MetricsServer(host, port, self.pipeline.registry, export.tls)
+            except OSError as exc:
+                raise CannotListen("prometheus_address", host, port, exc) from exc
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh()
         self.scheduler = Scheduler(
@@ -196,6 +214,26 @@ class Agent:
             self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
             self.watcher.start()
         log.info("otel-numa serving node %s with exporters %s", options.node_name, ",".join(export.exporters))
+        self._log_where()
+
+    def _log_where(self) -> None:
+        """Every address served and every source found or missed, so the start-up log answers 'where is
+        the page' and 'what does it see' without a scrape."""
+        options, export = self.options, self.options.export
+        if self._prometheus_server is not None and export.prometheus_address is not None:
+            scheme = "https" if export.tls is not None else "http"
+            log.info("Prometheus page: %s://%s/metrics", scheme, _url_host(*export.prometheus_address))
+        if "otlp" in export.exporters:
+            log.info(
+                "OTLP push: %s (%s) every %gs", export.otlp_url, export.otlp_protocol, options.interval_s
+            )
+        if self._health is not None and options.health_address is not None:
+            where = _url_host(*options.health_address)
+            log.info("health: http://%s/healthz and http://%s/readyz", where, where)
+        reports = self.sources.reports()
+        found = [r.name for r in reports if r.present and r.last_ok is not False]
+        missed = [r.name for r in reports if not r.present or r.last_ok is False]
+        log.info("sources found: %s; missed: %s", ", ".join(found) or "none", ", ".join(missed) or "none")
 
     def _push(self) -> None:
         if self.pipeline is not None:
@@ -228,3 +266,7 @@ class Agent:
             self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
         if not push_stuck:
             self.background.close()
+
+
+def _url_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

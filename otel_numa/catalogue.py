@@ -32,6 +32,18 @@ class MetricGroup(enum.StrEnum):
     COMPAT = "compat"  # numainfo_exporter's series: on with --compat numainfo, never by default
 
 
+GROUP_MEANINGS: dict[MetricGroup, str] = {
+    MetricGroup.TOPOLOGY: "node count and capacities",
+    MetricGroup.DISTANCES: "numa.node.distance, n^2 series",
+    MetricGroup.USAGE: "CPU time, memory used/free, free hugepages, numastat",
+    MetricGroup.ALLOCATION: "per-NUMA allocatable/allocated from the kubelet",
+    MetricGroup.CONTAINERS: "per-container series, the cardinality driver (container_usage with it)",
+    MetricGroup.CONTAINER_USAGE: "per-container NUMA usage and locality from cgroups",
+    MetricGroup.HEALTH: "the agent's own source errors, data age, read durations and process cost",
+    MetricGroup.COMPAT: "numainfo_exporter's series, on only with --compat numainfo",
+}
+
+
 class Source(enum.StrEnum):
     """The values of ``numa.source``: what the agent reads."""
 
