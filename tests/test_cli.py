@@ -10,12 +10,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_numa import catalogue
 from otel_numa.catalogue import MetricGroup
-from otel_numa.cli import load_settings
-from otel_numa.settings import FLAGS
+from otel_numa.cli import load_settings, settings_markdown
+from otel_numa.settings import FLAGS, Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,3 +281,21 @@ def test_unknown_config_key_names_the_nearest(tmp_path: Path, config: str, messa
     done = run_cli("--config", str(path), "--once")
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and message in done.stderr and str(path) in done.stderr
+
+
+def test_readme_settings_table_is_generated_from_the_code() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert settings_markdown() in readme, "run: python -m otel_numa.cli --update-readme README.md"
+
+
+def test_example_config_lists_every_setting_and_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = REPO / "config" / "agent.example.yaml"
+    text = example.read_text()
+    # set, or shown commented out with an example value
+    shown = set(re.findall(r"^(?:# )?([a-z_]+):", text, re.MULTILINE))
+    assert shown >= {flag.setting for flag in FLAGS} - {"config"}
+    assert set(yaml.safe_load(text)) <= set(Settings.model_fields)
+    for key in list(os.environ):
+        if key.startswith(("OTEL_", "NODE_NAME")):
+            monkeypatch.delenv(key)
+    assert load_settings(["--config", str(example)])[0].push_min_interval == 0.2
