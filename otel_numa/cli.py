@@ -101,8 +101,9 @@ def settings_markdown() -> str:
     for flag in FLAGS:
         repeatable = " (repeatable or comma list)" if flag.repeatable else ""
         environment = ", then ".join(f"`{name}`" for name in environment_names(flag.setting))
+        metavar = flag.metavar.replace("|", "\\|")  # a bar inside a table cell must be escaped
         rows.append(
-            f"| `{flag.option} {flag.metavar.replace('|', chr(92) + '|')}`{repeatable} (`{flag.setting}`) | {environment} | "
+            f"| `{flag.option} {metavar}`{repeatable} (`{flag.setting}`) | {environment} | "
             f"`{shown_default(flag.setting)}` | {description(flag.setting).replace('|', '&#124;')} |"
         )
     for option, meaning in (
