@@ -294,7 +294,7 @@ def test_dashboard_covers_the_required_series() -> None:
 
 # Catalogue metrics with no panel, each for a reason an operator would accept.
 LEFT_OUT = {
-    "numa_container_info": "an info series (opt-in runtime enrichment) for joins in the operator's own queries",
+    "numa_container_info": "an info series (opt-in runtime enrichment) for the operator's own joins",
     "numainfo_node_count": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
     "numainfo_core_count": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
     "numainfo_version": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
@@ -334,7 +334,8 @@ def test_device_variable_has_values_without_podresources() -> None:
     selector = promql_parser.parse(substitute(match.group(1), PARSE_VALUES))
     assert isinstance(selector, promql_parser.VectorSelector)
     (name,) = [m for m in selector.matchers.matchers if m.name == "__name__"]
-    assert re.fullmatch(name.value, "numa_device_allocated") and re.fullmatch(name.value, "numa_device_capacity")
+    for metric in ("numa_device_allocated", "numa_device_capacity"):
+        assert re.fullmatch(name.value, metric), metric
 
 
 def test_catalogue_follows_design_naming() -> None:
