@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from otel_numa import catalogue
+from otel_numa.catalogue import MetricGroup
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = (REPO / "docs" / "troubleshooting.md").read_text()
@@ -16,7 +17,7 @@ GUIDE = (REPO / "docs" / "troubleshooting.md").read_text()
 
 def test_every_health_series_is_explained() -> None:
     rows = set(re.findall(r"^\| `([a-z_]+)(?:\{[^`]*\})?` \|", GUIDE, re.MULTILINE))
-    health = {spec.prometheus_name for spec in catalogue.METRICS if spec.group == catalogue.MetricGroup.HEALTH}
+    health = {spec.prometheus_name for spec in catalogue.METRICS if spec.group == MetricGroup.HEALTH}
     assert health <= rows, health - rows
 
 
