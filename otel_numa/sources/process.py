@@ -22,7 +22,8 @@ class OwnProcess:
                 cpu_user_s=times.user,
                 cpu_system_s=times.system,
                 resident_bytes=self._process.memory_info().rss,
-                open_file_descriptors=self._process.num_fds(),
+                # less the descriptor of the /proc/self/fd listing itself, open while it is counted
+                open_file_descriptors=self._process.num_fds() - 1,
                 threads=self._process.num_threads(),
             )
         except psutil.Error as exc:  # /proc mounted oddly or hidden: the health series are left out
