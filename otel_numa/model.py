@@ -204,6 +204,17 @@ class MachineUsage:
     cpu_time: Mapping[int, Mapping[str, float]]  # numa id -> cpu.mode -> seconds
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """What the agent's own process costs, read once per collection."""
+
+    cpu_user_s: float
+    cpu_system_s: float
+    resident_bytes: int
+    open_file_descriptors: int
+    threads: int
+
+
 # The kubelet's checkpoints ------------------------------------------------------------------------
 
 

@@ -14,9 +14,20 @@ import yaml
 from pydantic import ValidationError
 
 from otel_numa import __version__
-from otel_numa.cli.settings import Settings
+from otel_numa.cli.settings import (
+    FLAGS,
+    ConfigKeyError,
+    Flag,
+    Settings,
+    config_keys,
+    description,
+    environment_names,
+    shown_default,
+)
 from otel_numa.daemon.logs import setup_logging
 from otel_numa.daemon.serve import exec_serve, run
+from otel_numa.instruments import catalogue
+from otel_numa.instruments.catalogue import GROUP_MEANINGS
 
 EXIT_BAD_CONFIG = 2
 log = logging.getLogger("otel_numa")
@@ -28,59 +39,98 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_CONFIG, f"otel-numa: {message}\n")
 
 
+def option_help(flag: Flag) -> str:
+    """A flag's description, default and environment variables: --help is the reference."""
+    extra = ""
+    if flag.setting == "disable":
+        groups = "; ".join(f"{group}: {meaning}" for group, meaning in GROUP_MEANINGS.items())
+        extra = f" Groups: {groups}."
+    elif flag.setting == "metrics_exclude":
+        extra = " --list-metrics lists the names."
+    environment = ", then ".join(environment_names(flag.setting))
+    text = f"{description(flag.setting)}{extra} Default: {shown_default(flag.setting)}. Env: {environment}."
+    return text.replace("%", "%%")  # argparse formats help strings with %
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="otel-numa", description="Per-NUMA resources of a Kubernetes node, through OpenTelemetry."
+        prog="otel-numa",
+        description="Per-NUMA resources of a Kubernetes node, through OpenTelemetry. Settings come from "
+        "flags, then OTEL_NUMA_* environment variables, then the --config YAML file (its keys are the flag "
+        "names), then defaults.",
     )
-    add = p.add_argument
-    add("--config", metavar="FILE", help="YAML file with the same keys (underscores: sysfs_root, ...)")
-    add("--sysfs-root", metavar="DIR")
-    add("--procfs-root", metavar="DIR")
-    add("--kubelet-root", metavar="DIR")
-    add("--podresources-socket", metavar="PATH", help="'none' disables the podresources client")
-    add("--pod-logs-root", metavar="DIR")
-    add("--reserved-cpus", metavar="LIST", help="the kubelet's reserved CPU set, e.g. 0-1")
-    add("--cgroup-root", metavar="DIR")
-    add("--container-logs-root", metavar="DIR")
-    add("--node-name", metavar="NAME")
-    add("--exporter", dest="exporters", action="append", metavar="NAME", help="prometheus, otlp, console")
-    add("--prometheus-address", metavar="HOST:PORT")
-    add("--health-address", metavar="HOST:PORT", help="/healthz and /readyz; 'none' disables")
-    add("--tls-cert-file", metavar="FILE", help="serve the Prometheus page over TLS only; re-read on change")
-    add("--tls-key-file", metavar="FILE", help="the certificate's private key (PEM)")
-    add("--tls-client-ca-file", metavar="FILE", help="require client certificates signed by this CA (mTLS)")
-    add("--otlp-endpoint", metavar="URL")
-    add("--otlp-protocol", metavar="grpc|http/protobuf")
-    add("--interval", metavar="SECONDS")
-    add("--compat", metavar="numainfo")
-    add("--disable", action="append", metavar="GROUP", help="switch off a metric group (repeatable)")
-    add(
-        "--metrics-exclude",
-        action="append",
-        metavar="GLOB",
-        help="switch off metrics by OTel or Prometheus name, shell globs (repeatable); their sources too",
+    for flag in FLAGS:
+        p.add_argument(
+            flag.option,
+            dest=flag.setting,
+            metavar=flag.metavar,
+            action="append" if flag.repeatable else "store",
+            help=option_help(flag),
+        )
+    p.add_argument(
+        "--once", action="store_true", help="Collect once, print the Prometheus text exposition, exit 0."
     )
-    add(
-        "--container-memory-types",
-        metavar="LIST",
-        help="numa.container.memory.usage types, e.g. anon,file (default) or anon,file,kernel_stack,shmem",
+    p.add_argument(
+        "--list-metrics",
+        action="store_true",
+        help="Print every metric (OTel name, Prometheus name, group, meaning) and exit 0.",
     )
-    add("--log-level", metavar="LEVEL")
-    add("--cri-socket", metavar="auto|none|PATH", help="runtime socket for opt-in enrichment")
-    add("--enrich-pod-label", dest="enrich_pod_labels", action="append", metavar="KEY", help="repeatable")
-    add("--enrich-pod-annotation", dest="enrich_pod_annotations", action="append", metavar="KEY")
-    add("--enrich-env", action="append", metavar="NAME", help="exact name; secret-like names are refused")
-    add("--enrich-mode", metavar="info|attributes")
-    add("--enrich-value-max-length", metavar="CHARS")
-    add("--once", action="store_true", help="collect once, print the Prometheus text exposition, exit")
-    add("--version", action="version", version=f"otel-numa {__version__}")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"otel-numa {__version__}",
+        help="Print the version (otel-numa X.Y.Z) and exit 0.",
+    )
     return p
+
+
+def metric_list() -> str:
+    """``--list-metrics``: one line per metric, grouped as ``--disable`` switches them."""
+    lines = []
+    for spec in catalogue.METRICS:
+        lines.append(f"{spec.name}\t{spec.prometheus_name}\t{spec.group}\t{spec.description}")
+    return "\n".join(lines) + "\n"
+
+
+SETTINGS_BEGIN = (
+    "<!-- settings table: generated by `python -m otel_numa.cli.main --markdown`; do not edit -->"
+)
+SETTINGS_END = "<!-- end of settings table -->"
+
+
+def settings_markdown() -> str:
+    """The settings reference (README), from the same table and descriptions as --help."""
+    rows = ["| flag (YAML key) | environment | default | meaning |", "|---|---|---|---|"]
+    for flag in FLAGS:
+        repeatable = " (repeatable or comma list)" if flag.repeatable else ""
+        environment = ", then ".join(f"`{name}`" for name in environment_names(flag.setting))
+        metavar = flag.metavar.replace("|", "\\|")  # a bar inside a table cell must be escaped
+        rows.append(
+            f"| `{flag.option} {metavar}`{repeatable} (`{flag.setting}`) | {environment} | "
+            f"`{shown_default(flag.setting)}` | {description(flag.setting).replace('|', '&#124;')} |"
+        )
+    for option, meaning in (
+        ("--once", "collect once, print the Prometheus text exposition to stdout, exit 0"),
+        ("--list-metrics", "print every metric (OTel name, Prometheus name, group, meaning), exit 0"),
+        ("--version", "print `otel-numa X.Y.Z`, exit 0"),
+    ):
+        rows.append(f"| `{option}` | | | {meaning} |")
+    return "\n".join([SETTINGS_BEGIN, *rows, SETTINGS_END])
+
+
+def replace_settings_table(readme: str) -> str:
+    begin, end = readme.index(SETTINGS_BEGIN), readme.index(SETTINGS_END) + len(SETTINGS_END)
+    return readme[:begin] + settings_markdown() + readme[end:]
 
 
 def load_settings(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     """Parse flags and build the settings; raises SystemExit(2) with one line on any bad setting."""
     args = _parser().parse_args(argv)
-    given: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None and k != "once"}
+    if args.list_metrics:
+        sys.stdout.write(metric_list())
+        raise SystemExit(0)
+    commands = ("once", "list_metrics")
+    given: dict[str, Any] = {k: v for k, v in vars(args).items() if v is not None and k not in commands}
     config_file = given.get("config") or os.environ.get("OTEL_NUMA_CONFIG")
     if config_file:
         _check_config_file(Path(config_file))
@@ -124,6 +174,10 @@ def _check_config_file(path: Path) -> None:
         _die(f"invalid setting config: {path} is not valid YAML ({str(exc).splitlines()[0]})")
     if content is not None and not isinstance(content, dict):
         _die(f"invalid setting config: {path} must hold a mapping of settings")
+    try:
+        config_keys(content or {})
+    except ConfigKeyError as exc:
+        _die(f"invalid setting {exc.key} in {path}: {exc}")
 
 
 def _die(message: str) -> NoReturn:
@@ -146,3 +200,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(options)
     exec_serve(options, args)
     return 1  # not reached: exec replaced the process
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        print(settings_markdown())
+    elif len(sys.argv) == 3 and sys.argv[1] == "--update-readme":
+        path = Path(sys.argv[2])
+        path.write_text(replace_settings_table(path.read_text()))
+    else:
+        raise SystemExit("usage: python -m otel_numa.cli.main --markdown | --update-readme README.md")

@@ -5,20 +5,23 @@ pydantic-settings validates every source the same way, so a bad value names its 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import yaml
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from otel_numa.instruments import catalogue
@@ -71,60 +74,87 @@ class Settings(BaseSettings):
         extra="forbid",
         populate_by_name=True,
         frozen=True,
+        use_attribute_docstrings=True,  # the docstrings below are --help's descriptions
     )
 
     config: Path | None = None
+    """YAML file with the same keys (the flag names, with dashes or underscores)."""
     sysfs_root: Path = Path("/sys")
+    """sysfs mount: reads DIR/devices/system/node and DIR/devices/system/cpu."""
     procfs_root: Path = Path("/proc")
+    """procfs mount: reads DIR/stat and DIR/meminfo."""
     kubelet_root: Path = Path("/var/lib/kubelet")
-    # None: <kubelet-root>/pod-resources/kubelet.sock; "none" disables the client
+    """The kubelet's state directory (checkpoints, pods/, pod-resources/kubelet.sock); never written."""
     podresources_socket: str | None = None
+    """The kubelet's podresources socket; 'none' disables the client."""
     pod_logs_root: Path = Path("/var/log/pods")
+    """Directory whose <namespace>_<pod>_<uid> entries name the pods."""
     reserved_cpus: Annotated[frozenset[int] | None, NoDecode] = None
+    """The kubelet's reserved CPU set (e.g. 0-1), for numa.cpu.allocatable without podresources."""
     cgroup_root: Path = Path("/sys/fs/cgroup")
+    """cgroup mount, for per-container NUMA usage."""
     container_logs_root: Path = Path("/var/log/containers")
+    """Directory whose <pod>_<namespace>_<container>-<id>.log links name the containers."""
     node_name: str = Field(
         default_factory=socket.gethostname,
         validation_alias=AliasChoices("OTEL_NUMA_NODE_NAME", "NODE_NAME"),
     )
+    """Becomes k8s.node.name on every series."""
     exporters: Annotated[tuple[ExporterName, ...], NoDecode] = Field(
         default=("prometheus",), validation_alias=AliasChoices("OTEL_NUMA_EXPORTERS")
     )
+    """Where metrics go: prometheus, otlp, console (repeatable or a comma list)."""
     prometheus_address: str = "0.0.0.0:9464"
+    """Address of the Prometheus page (/metrics); 'none': no page."""
     health_address: str = "0.0.0.0:9465"
-    # The Prometheus page over TLS only (certificate and key together); a client CA makes it mTLS.
+    """Address of /healthz and /readyz (plain HTTP); 'none' disables."""
     tls_cert_file: Path | None = None
+    """PEM certificate (chain): the Prometheus page is served over TLS only; re-read when it changes."""
     tls_key_file: Path | None = Field(default=None, validate_default=True)
+    """The certificate's PEM private key (unencrypted); given together with the certificate."""
     tls_client_ca_file: Path | None = None
+    """Require scrapers' client certificates signed by this CA (mTLS)."""
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"),
     )
+    """The collector's base URL; over HTTP /v1/metrics is appended when the URL has no path."""
     otlp_protocol: OtlpProtocol = Field(
         default="grpc",
         validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
     )
+    """OTLP transport: grpc or http/protobuf."""
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
+    """Seconds one OTLP export may take, retries included."""
     interval: float = Field(default=15.0, gt=0, le=3600)
-    # Shortest time between two exports triggered by kubelet state changes (the last change is always sent).
+    """Seconds between OTLP exports and background refreshes."""
     push_min_interval: float = Field(default=0.2, ge=0, le=60)
+    """Shortest seconds between two exports triggered by kubelet state changes (the last is always sent)."""
     compat: Literal["numainfo"] | None = None
+    """'numainfo': also emit numainfo_exporter's series."""
     disable: Annotated[frozenset[MetricGroup], NoDecode] = frozenset()
-    # Upper bound of attribute sets per instrument: 1,000 containers x 16 NUMA nodes x 4 memory types + room.
+    """Metric groups to switch off; their sources are not read at all (repeatable or a comma list)."""
     cardinality_limit: int = Field(default=100_000, ge=100)
-    # per-metric switches: OTel or Prometheus names, shell globs; the work behind a metric stops too
+    """Attribute sets per instrument before the SDK folds them into an overflow series."""
     metrics_exclude: Annotated[frozenset[str], NoDecode] = frozenset()
-    # numa.container.memory.usage types (the cardinality driver): every type adds a series per container
-    # and node. v2 anon, file, kernel_stack, shmem, ...; v1 anon, file, unevictable.
+    """Metrics to switch off by OTel or Prometheus name, shell globs; their sources too (repeatable)."""
+    # the cardinality driver: every type adds a series per container and node
     container_memory_types: Annotated[frozenset[str], NoDecode] = frozenset({"anon", "file"})
+    """numa.container.memory.usage types (any memory.numa_stat name: anon, file, kernel_stack, shmem)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # Opt-in enrichment from the container runtime (CRI): "none" (off), "auto" (containerd or CRI-O) or a path
+    """debug, info, warning or error."""
     cri_socket: str = "none"
-    enrich_pod_labels: Annotated[frozenset[str], NoDecode] = frozenset()  # exact label keys
-    enrich_pod_annotations: Annotated[frozenset[str], NoDecode] = frozenset()  # exact annotation keys
-    enrich_env: Annotated[frozenset[str], NoDecode] = frozenset()  # exact names; secret-like ones never
+    """Container runtime socket for opt-in enrichment: none, auto (containerd or CRI-O) or a path."""
+    enrich_pod_labels: Annotated[frozenset[str], NoDecode] = frozenset()
+    """Pod labels to export, exact keys (repeatable)."""
+    enrich_pod_annotations: Annotated[frozenset[str], NoDecode] = frozenset()
+    """Pod annotations to export, exact keys (repeatable)."""
+    enrich_env: Annotated[frozenset[str], NoDecode] = frozenset()
+    """Container environment variables to export, exact names; secret-like names are always refused."""
     enrich_mode: Literal["info", "attributes"] = "info"
+    """info: one numa.container.info series per container; attributes: the values on every one."""
     enrich_value_max_length: int = Field(default=128, ge=1, le=4096)
+    """Longer enrichment values are cut."""
 
     @field_validator("exporters", mode="before")
     @classmethod
@@ -230,7 +260,10 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         config_file = _config_file_from(init_settings)
         if config_file is not None:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            content = yaml.safe_load(config_file.read_text()) or {}
+            if isinstance(content, dict):  # the command line reports anything else with the file's name
+                content = config_keys(content)
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=content))
         return tuple(sources)
 
     # Derived values -----------------------------------------------------------------------------
@@ -355,3 +388,134 @@ def _config_file_from(init_settings: PydanticBaseSettingsSource) -> Path | None:
     """The YAML file named by ``--config`` or ``OTEL_NUMA_CONFIG`` (it cannot name itself)."""
     given = init_settings().get("config") or os.environ.get("OTEL_NUMA_CONFIG")
     return Path(given) if given else None
+
+
+# The command line ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag of a setting; its YAML key may be the flag's name or the setting's."""
+
+    name: str  # without the dashes
+    setting: str
+    metavar: str
+    repeatable: bool = False
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("config", "config", "FILE"),
+    Flag("sysfs-root", "sysfs_root", "DIR"),
+    Flag("procfs-root", "procfs_root", "DIR"),
+    Flag("kubelet-root", "kubelet_root", "DIR"),
+    Flag("podresources-socket", "podresources_socket", "PATH"),
+    Flag("pod-logs-root", "pod_logs_root", "DIR"),
+    Flag("reserved-cpus", "reserved_cpus", "LIST"),
+    Flag("cgroup-root", "cgroup_root", "DIR"),
+    Flag("container-logs-root", "container_logs_root", "DIR"),
+    Flag("node-name", "node_name", "NAME"),
+    Flag("exporter", "exporters", "NAME", repeatable=True),
+    Flag("prometheus-address", "prometheus_address", "HOST:PORT"),
+    Flag("health-address", "health_address", "HOST:PORT"),
+    Flag("tls-cert-file", "tls_cert_file", "FILE"),
+    Flag("tls-key-file", "tls_key_file", "FILE"),
+    Flag("tls-client-ca-file", "tls_client_ca_file", "FILE"),
+    Flag("otlp-endpoint", "otlp_endpoint", "URL"),
+    Flag("otlp-protocol", "otlp_protocol", "grpc|http/protobuf"),
+    Flag("otlp-timeout", "otlp_timeout", "SECONDS"),
+    Flag("interval", "interval", "SECONDS"),
+    Flag("push-min-interval", "push_min_interval", "SECONDS"),
+    Flag("compat", "compat", "numainfo"),
+    Flag("disable", "disable", "GROUP", repeatable=True),
+    Flag("metrics-exclude", "metrics_exclude", "GLOB", repeatable=True),
+    Flag("container-memory-types", "container_memory_types", "LIST"),
+    Flag("cardinality-limit", "cardinality_limit", "N"),
+    Flag("log-level", "log_level", "LEVEL"),
+    Flag("cri-socket", "cri_socket", "auto|none|PATH"),
+    Flag("enrich-pod-label", "enrich_pod_labels", "KEY", repeatable=True),
+    Flag("enrich-pod-annotation", "enrich_pod_annotations", "KEY", repeatable=True),
+    Flag("enrich-env", "enrich_env", "NAME", repeatable=True),
+    Flag("enrich-mode", "enrich_mode", "info|attributes"),
+    Flag("enrich-value-max-length", "enrich_value_max_length", "CHARS"),
+)
+# Defaults that are not a plain value
+_SHOWN_DEFAULTS = {
+    "node_name": "the host name",
+    "podresources_socket": "<kubelet-root>/pod-resources/kubelet.sock",
+    "otlp_endpoint": "http://localhost:4317 (grpc), http://localhost:4318 (http/protobuf)",
+}
+
+
+def environment_names(setting: str) -> tuple[str, ...]:
+    """The environment variables that set ``setting``, first one first."""
+    choices = getattr(Settings.model_fields[setting].validation_alias, "choices", None)
+    if choices:
+        return tuple(str(choice) for choice in choices)
+    return (f"OTEL_NUMA_{setting.upper()}",)
+
+
+def shown_default(setting: str) -> str:
+    """The default of ``setting`` as an operator would write it."""
+    if setting in _SHOWN_DEFAULTS:
+        return _SHOWN_DEFAULTS[setting]
+    value = Settings.model_fields[setting].default
+    if value is None:
+        return "none"
+    if isinstance(value, frozenset | tuple):
+        return ",".join(sorted(str(item) for item in value)) or "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def description(setting: str) -> str:
+    return Settings.model_fields[setting].description or ""
+
+
+def _key_form(key: str) -> str:
+    return key.strip().lstrip("-").replace("-", "_")
+
+
+# YAML key (flag name or setting name, dashes or underscores) -> setting
+_KEYS: dict[str, str] = {
+    **{name: name for name in Settings.model_fields},
+    **{_key_form(flag.name): flag.setting for flag in FLAGS},
+}
+
+
+class ConfigKeyError(ValueError):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def config_keys(content: dict[Any, Any]) -> dict[str, Any]:
+    """The YAML file's mapping keyed by setting names: every documented flag name is accepted as a key.
+    An unknown key raises :class:`ConfigKeyError` naming the nearest valid one."""
+    found: dict[str, Any] = {}
+    given_as: dict[str, str] = {}
+    for key, value in content.items():
+        setting = _KEYS.get(_key_form(str(key)))
+        if setting is None:
+            raise ConfigKeyError(str(key), f"unknown key {key!r}; {nearest_key_hint(str(key))}")
+        if setting in found:
+            raise ConfigKeyError(
+                str(key), f"{key!r} and {given_as[setting]!r} both set {setting}: keep one of them"
+            )
+        found[setting], given_as[setting] = value, str(key)
+    return found
+
+
+def nearest_key_hint(key: str) -> str:
+    """'did you mean ...?' for the closest documented key, else where the keys are listed."""
+    # suggested in the style the key was written in: setting_name or flag-name
+    underscores = "_" in key
+    documented = sorted(Settings.model_fields) if underscores else sorted(flag.name for flag in FLAGS)
+    close = difflib.get_close_matches(key.strip().lstrip("-"), documented, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "the keys are the flag names of otel-numa --help (config/agent.example.yaml lists them)"

@@ -19,7 +19,8 @@ from otel_numa.daemon.heap import release_free_memory, tidy_after_round
 from otel_numa.daemon.scheduler import Scheduler
 from otel_numa.endpoints.health import HealthServer
 from otel_numa.endpoints.metrics_page import MetricsServer
-from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
+from otel_numa.instruments.catalogue import PROCESS_METRICS
+from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage, ProcessUsage
 from otel_numa.options import AgentOptions
 from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.snapshot.collectors.background import BackgroundSources
@@ -31,8 +32,23 @@ from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.snapshot.stages import Stage
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
 from otel_numa.snapshot.watch import CheckpointWatcher
+from otel_numa.sources import roots
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.process import OwnProcess
 
 log = logging.getLogger(__name__)
+
+
+class CannotListen(OSError):
+    """An address the agent serves on cannot be bound (taken, not local, not permitted)."""
+
+    def __init__(self, setting: str, host: str, port: int, cause: OSError) -> None:
+        reason = (cause.strerror or str(cause)).lower()
+        super().__init__(
+            f"cannot listen on {host}:{port} ({setting}): {reason}; stop what uses it or choose another "
+            f"--{setting.replace('_', '-')}"
+        )
+        self.setting = setting
 
 
 class Agent:
@@ -54,6 +70,8 @@ class Agent:
                 cgroups.cgroup_root, names, self.sources, memory_types=cgroups.memory_types
             )
         self._allocation: LastResult[Allocation] = LastResult()
+        self._process = OwnProcess() if PROCESS_METRICS & set(options.metrics) else None
+        self._process_failed = False
         # Each stage counts its internal errors on the source it mainly reads.
         tracker = self.sources.tracker
         self._machine_stage: Stage[MachineUsage | None] = Stage("machine", tracker("sysfs"), None)
@@ -61,12 +79,31 @@ class Agent:
         self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
         self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
         self.store = SnapshotStore(self._build_snapshot)
+        self._check_roots()
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
         self._prometheus_server: MetricsServer | None = None
         self.scheduler: Scheduler | None = None
         self.watcher: CheckpointWatcher | None = None
         self._stopped = threading.Event()
+
+    def _check_roots(self) -> None:
+        """A root that holds none of what it should is a mount mistake: warn once and report its sources
+        as failing, so a mis-mounted DaemonSet does not look healthy."""
+        options = self.options
+        problems: list[tuple[str | None, tuple[str, ...]]] = [
+            (roots.sysfs_problem(options.machine.sysfs_root), ("sysfs",))
+        ]
+        if options.kubelet is not None and options.kubelet.checkpoints:
+            checkpoints = tuple(sorted(options.kubelet.checkpoints))
+            problems.append((roots.kubelet_problem(options.kubelet.kubelet_root), checkpoints))
+        if options.cgroups is not None:
+            problems.append((roots.cgroup_problem(options.cgroups.cgroup_root), ("cgroup",)))
+        for problem, names in problems:
+            if problem is not None:
+                log.warning("%s; numa.agent.source.success is 0 for %s", problem, ", ".join(names))
+                for name in names:
+                    self.sources.tracker(name).wrong_root(problem)
 
     # Snapshot -----------------------------------------------------------------------------------
 
@@ -96,7 +133,22 @@ class Agent:
             container_usage=usage,
             stages=tuple(stage.report for stage in stages if stage.report is not None),
             series_forgetting=self.pipeline.forgetting_supported if self.pipeline is not None else None,
+            process=self._read_process(),
         )
+
+    def _read_process(self) -> ProcessUsage | None:
+        """The agent's own cost, once per snapshot (every callback of a collection reads this one)."""
+        if self._process is None:
+            return None
+        try:
+            usage = self._process.read()
+        except SourceError as exc:
+            if not self._process_failed:
+                log.warning("%s; the process.* series are left out", exc)
+            self._process_failed = True
+            return None
+        self._process_failed = False
+        return usage
 
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None
@@ -134,15 +186,21 @@ class Agent:
         options, export = self.options, self.options.export
         if options.health_address is not None:
             host, port = options.health_address
-            self._health = HealthServer(host, port, lambda: self.store.ready)
+            try:
+                self._health = HealthServer(host, port, lambda: self.store.ready)
+            except OSError as exc:
+                raise CannotListen("health_address", host, port, exc) from exc
             self._health.start()
         self.pipeline = build_pipeline(options, self.store)
         self.background.live_pods_listener = self.pipeline.forget_departed
         if self.pipeline.registry is not None and export.prometheus_address is not None:
             host, port = export.prometheus_address
-            self._prometheus_server = MetricsServer(
-                host, port, self.pipeline.registry, export.tls, after_request=release_free_memory
-            )
+            try:
+                self._prometheus_server = MetricsServer(
+                    host, port, self.pipeline.registry, export.tls, after_request=release_free_memory
+                )
+            except OSError as exc:
+                raise CannotListen("prometheus_address", host, port, exc) from exc
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh()
         self.scheduler = Scheduler(
@@ -158,6 +216,26 @@ class Agent:
             self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
             self.watcher.start()
         log.info("otel-numa serving node %s with exporters %s", options.node_name, ",".join(export.exporters))
+        self._log_where()
+
+    def _log_where(self) -> None:
+        """Every address served and every source found or missed, so the start-up log answers 'where is
+        the page' and 'what does it see' without a scrape."""
+        options, export = self.options, self.options.export
+        if self._prometheus_server is not None and export.prometheus_address is not None:
+            scheme = "https" if export.tls is not None else "http"
+            log.info("Prometheus page: %s://%s/metrics", scheme, _url_host(*export.prometheus_address))
+        if "otlp" in export.exporters:
+            log.info(
+                "OTLP push: %s (%s) every %gs", export.otlp_url, export.otlp_protocol, options.interval_s
+            )
+        if self._health is not None and options.health_address is not None:
+            where = _url_host(*options.health_address)
+            log.info("health: http://%s/healthz and http://%s/readyz", where, where)
+        reports = self.sources.reports()
+        found = [r.name for r in reports if r.present and r.last_ok is not False]
+        missed = [r.name for r in reports if not r.present or r.last_ok is False]
+        log.info("sources found: %s; missed: %s", ", ".join(found) or "none", ", ".join(missed) or "none")
 
     def _push(self) -> None:
         if self.pipeline is not None:
@@ -190,3 +268,7 @@ class Agent:
             self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
         if not push_stuck:
             self.background.close()
+
+
+def _url_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

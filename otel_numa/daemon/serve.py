@@ -18,6 +18,7 @@ from otel_numa.daemon.logs import setup_logging
 from otel_numa.options import AgentOptions, from_json
 
 OPTIONS_ENV = "OTEL_NUMA_RESOLVED_OPTIONS"
+EXIT_BAD_SETTING = 2  # as otel-numa exits for any bad setting
 # glibc gives each thread that allocates its own malloc arena (up to 8 per core), each keeping freed
 # memory of its own; the agent's threads (HTTP workers, the scheduler, gRPC's) then held ~1 MB more on a
 # 2x32 node. With two arenas, one agent in two or three still held that megabyte more (the second arena's
@@ -36,7 +37,10 @@ log = logging.getLogger("otel_numa")
 
 def run(options: AgentOptions) -> int:
     """Serve until SIGTERM/SIGINT; flush and exit within 5 s."""
-    from otel_numa.daemon.agent import Agent  # after logging, so import-time warnings are formatted
+    from otel_numa.daemon.agent import (  # after logging, so import-time warnings are formatted
+        Agent,
+        CannotListen,
+    )
 
     agent = Agent(options)
 
@@ -48,7 +52,11 @@ def run(options: AgentOptions) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         agent.start()
-    except OSError as exc:  # e.g. the Prometheus port is taken
+    except CannotListen as exc:  # a setting the operator must change: exits as any bad setting does
+        log.error("%s", exc)
+        agent.stop(timeout_s=1)
+        return EXIT_BAD_SETTING
+    except OSError as exc:
         log.error("cannot start: %s", exc)
         agent.stop(timeout_s=1)
         return 1

@@ -32,6 +32,18 @@ class MetricGroup(enum.StrEnum):
     COMPAT = "compat"  # numainfo_exporter's series: on with --compat numainfo, never by default
 
 
+GROUP_MEANINGS: dict[MetricGroup, str] = {
+    MetricGroup.TOPOLOGY: "node count and capacities",
+    MetricGroup.DISTANCES: "numa.node.distance, n^2 series",
+    MetricGroup.USAGE: "CPU time, memory used/free, free hugepages, numastat",
+    MetricGroup.ALLOCATION: "per-NUMA allocatable/allocated from the kubelet",
+    MetricGroup.CONTAINERS: "per-container series, the cardinality driver (container_usage with it)",
+    MetricGroup.CONTAINER_USAGE: "per-container NUMA usage and locality from cgroups",
+    MetricGroup.HEALTH: "the agent's own source errors, data age, read durations and process cost",
+    MetricGroup.COMPAT: "numainfo_exporter's series, on only with --compat numainfo",
+}
+
+
 class Source(enum.StrEnum):
     """The values of ``numa.source``: what the agent reads."""
 
@@ -446,6 +458,47 @@ METRICS: tuple[MetricSpec, ...] = (
         meaning="1 when the agent can forget departed pods' series in the installed OpenTelemetry SDK, 0 "
         "when it cannot (then the cardinality limit bounds them; see Pod churn)",
     ),
+    # the agent's own process (OpenTelemetry's process semantic conventions) -------------------------------
+    _m(
+        "process.cpu.time",
+        "counter",
+        "s",
+        G.HEALTH,
+        [],
+        "CPU time of the agent's own process, by mode.",
+        attributes=("cpu.mode",),
+        meaning="CPU time of the agent's process; `cpu.mode` = `user`, `system` (`/proc/<pid>/stat`)",
+    ),
+    _m(
+        "process.memory.usage",
+        "updown",
+        "By",
+        G.HEALTH,
+        [],
+        "Resident memory of the agent's own process.",
+        attributes=(),
+        meaning="resident memory of the agent's process (`VmRSS` of `/proc/<pid>/status`)",
+    ),
+    _m(
+        "process.open_file_descriptor.count",
+        "updown",
+        "{file_descriptor}",
+        G.HEALTH,
+        [],
+        "Open file descriptors of the agent's own process.",
+        attributes=(),
+        meaning="open file descriptors of the agent's process (`/proc/<pid>/fd`)",
+    ),
+    _m(
+        "process.thread.count",
+        "updown",
+        "{thread}",
+        G.HEALTH,
+        [],
+        "Threads of the agent's own process.",
+        attributes=(),
+        meaning="threads of the agent's process (`Threads` of `/proc/<pid>/status`)",
+    ),
     # numainfo_exporter's series (--compat numainfo) -------------------------------------------------------
     _m(
         "numainfo_node_count",
@@ -481,6 +534,8 @@ METRICS: tuple[MetricSpec, ...] = (
 )
 
 BY_NAME = {spec.name: spec for spec in METRICS}
+# read from the agent's own process once per collection, when any of them is enabled
+PROCESS_METRICS = frozenset(spec.name for spec in METRICS if spec.name.startswith("process."))
 
 
 def prometheus_names() -> frozenset[str]:

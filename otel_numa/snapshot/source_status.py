@@ -45,6 +45,7 @@ class SourceTracker:
         self._logged_failures: set[str] = set()
         self._last_duration_s: float | None = None
         self._last_ok: bool | None = None
+        self._wrong_root: str | None = None  # why the configured root cannot be this source's
         self.used = False  # read at least once: only sources the agent reads are reported
 
     @contextmanager
@@ -69,6 +70,7 @@ class SourceTracker:
             elif self._logged_failures:
                 log.info("source %s recovered", self.name)
             self._present = True
+            self._wrong_root = None
             self._logged_failures.clear()
             self._last_good = self._clock()
             self._last_ok = True
@@ -77,6 +79,8 @@ class SourceTracker:
         """Count ``error`` (a missing source is not counted); ``quiet``: the caller has logged it."""
         with self._lock:
             self.used = True
+            if isinstance(error, SourceMissing) and self._wrong_root is not None:
+                return  # already reported as a wrong root: stays failed (0), not merely absent
             if isinstance(error, SourceMissing):
                 if self._present:
                     log.info("source %s is not available: %s", self.name, error)
@@ -93,6 +97,15 @@ class SourceTracker:
                 log.warning(
                     "source %s: %s (%s); keeping its last good data", self.name, message, error.error_type
                 )
+
+    def wrong_root(self, problem: str) -> None:
+        """The configured root holds none of this source's files (the caller has warned): the source reports
+        a failed read (``numa.agent.source.success`` 0) instead of looking merely absent, until it reads."""
+        with self._lock:
+            self.used = True
+            self._present = True
+            self._last_ok = False
+            self._wrong_root = problem
 
     def report(self) -> SourceReport:
         with self._lock:

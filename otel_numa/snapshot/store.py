@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from otel_numa.model import Allocation, ContainerUsage, MachineUsage
+from otel_numa.model import Allocation, ContainerUsage, MachineUsage, ProcessUsage
 from otel_numa.snapshot.source_status import SourceReport
 from otel_numa.snapshot.stages import StageReport
 
@@ -28,6 +28,8 @@ class Snapshot:
     stages: tuple[StageReport, ...] = ()
     # whether departed pods' series can be forgotten in this SDK; None: not known (no pipeline)
     series_forgetting: bool | None = None
+    # the agent's own process, read with the snapshot; None: not wanted or not readable
+    process: ProcessUsage | None = None
 
     def source_ages(self) -> dict[str, float]:
         """Seconds since each source's data was last known good (sources never read are absent)."""

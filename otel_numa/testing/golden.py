@@ -97,13 +97,22 @@ MACHINES = (
 
 
 def masked(page: str) -> str:
-    """``page`` with the values and labels that vary between runs replaced by a fixed mark."""
-    lines = []
+    """``page`` with the values and labels that vary between runs replaced by a fixed mark, and each
+    family's samples in sorted order (the order of series within a family is not part of the page's
+    meaning, and follows the order in which sources list containers)."""
+    lines: list[str] = []
+    samples: list[str] = []
     for line in page.splitlines():
+        if line.startswith("#"):
+            lines += sorted(samples)
+            samples = []
+            lines.append(line)
+            continue
         line = _VARYING_LABELS.sub(lambda m: f'{m.group(1)}="{MASK}"', line)
         if _VARYING_SERIES.match(line):
             line = line.rsplit(" ", 1)[0] + " " + MASK
-        lines.append(line)
+        samples.append(line)
+    lines += sorted(samples)
     return "\n".join(lines) + "\n"
 
 

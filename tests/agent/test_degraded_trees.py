@@ -56,7 +56,8 @@ def errors(exposition: Exposition, source: str) -> float:
 
 
 def without_health(exposition: Exposition) -> Exposition:
-    return {key: value for key, value in exposition.items() if not key[0].startswith("numa_agent_")}
+    own = ("numa_agent_", "process_")
+    return {key: value for key, value in exposition.items() if not key[0].startswith(own)}
 
 
 def assert_reports_what_lstopo_reports(top: Path) -> Exposition:

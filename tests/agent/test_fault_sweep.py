@@ -148,7 +148,8 @@ def cost_of(tree: Path, relative: str) -> Cost:
 
 # --- comparing a run with the clean one -----------------------------------------------------------
 
-TIMINGS = re.compile(r"numa_agent_.*_(age|duration)_seconds")
+# timings, and the agent's own process cost, vary by run
+TIMINGS = re.compile(r"numa_agent_.*_(age|duration)_seconds|process_.*")
 
 
 def _source_of(key: SeriesKey) -> str | None:

@@ -24,16 +24,22 @@ def test_the_page_is_the_golden_one(machine: GoldenMachine) -> None:
         )
 
 
-def test_only_what_varies_is_masked() -> None:
+def test_only_what_varies_is_masked_and_each_family_is_sorted() -> None:
     page = (
         'target_info{host_name="box",service_version="1.2"} 1.0\n'
+        "# TYPE numa_agent_source_age_seconds gauge\n"
         'numa_agent_source_age_seconds{numa_source="sysfs"} 0.25\n'
+        "# TYPE numa_agent_source_errors_total counter\n"
         'numa_agent_source_errors_total{numa_source="sysfs"} 3.0\n'
+        'numa_agent_source_errors_total{numa_source="procfs"} 1.0\n'
         "process_thread_count 4.0\n"
     )
     assert masked(page) == (
         'target_info{host_name="<varies>",service_version="<varies>"} 1.0\n'
+        "# TYPE numa_agent_source_age_seconds gauge\n"
         'numa_agent_source_age_seconds{numa_source="sysfs"} <varies>\n'
+        "# TYPE numa_agent_source_errors_total counter\n"
+        'numa_agent_source_errors_total{numa_source="procfs"} 1.0\n'
         'numa_agent_source_errors_total{numa_source="sysfs"} 3.0\n'
         "process_thread_count <varies>\n"
     )

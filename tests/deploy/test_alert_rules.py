@@ -228,6 +228,7 @@ def test_every_agent_metric_named_by_the_issue_is_alerted_on() -> None:
         "numa_device_allocated",
         "numa_device_capacity",
         "numa_container_memory_locality",
+        "process_memory_usage_bytes",
     } <= used
 
 
@@ -236,3 +237,50 @@ def test_alert_checks_fail_on_an_unknown_series() -> None:
     broken = dict(ALERTS[0], expr="numa_cpu_alocated > numa_cpu_allocatable")
     with pytest.raises(AssertionError, match="numa_cpu_alocated"):
         test_alert_reads_only_known_series_and_labels(broken)
+
+
+def memory_limit_bytes(quantity: str) -> int:
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_memory_alert_threshold_follows_the_shipped_limit() -> None:
+    """The threshold is 85% of the memory limit the DaemonSet and the chart ship with."""
+    (rule,) = [rule for rule in ALERTS if rule["alert"] == "OtelNumaAgentMemoryNearLimit"]
+    match = re.search(r"process_memory_usage_bytes > 0\.85 \* (\d+)", rule["expr"])
+    assert match, rule["expr"]
+    limits = set()
+    daemonset = yaml.safe_load((REPO / "config" / "kubernetes" / "daemonset.yaml").read_text())
+    for container in daemonset["spec"]["template"]["spec"]["containers"]:
+        limits.add(memory_limit_bytes(container["resources"]["limits"]["memory"]))
+    values = yaml.safe_load((REPO / "config" / "helm" / "otel-numa" / "values.yaml").read_text())
+    limits.add(memory_limit_bytes(values["resources"]["limits"]["memory"]))
+    assert limits == {int(match.group(1))}
+
+
+def test_readme_alert_examples_are_the_shipped_rules() -> None:
+    """An alert the README shows as YAML is the shipped rule (name, expression, for, labels, summary), and
+    its table names every shipped alert with its for."""
+    readme = (REPO / "README.md").read_text()
+    shipped = {rule["alert"]: rule for rule in ALERTS}
+    examples = [
+        rule
+        for block in re.findall(r"```yaml\n(.*?)```", readme, re.DOTALL)
+        if "- alert:" in block
+        for rule in yaml.safe_load(block)
+    ]
+    assert examples, "the README shows no alert"
+    for example in examples:
+        rule = shipped.get(example["alert"])
+        assert rule is not None, f"README shows {example['alert']}, which is not shipped"
+        for key in ("expr", "for", "labels"):
+            assert str(example.get(key)).strip() == str(rule.get(key)).strip(), (example["alert"], key)
+        for key, text in example.get("annotations", {}).items():
+            assert text == rule["annotations"][key], (example["alert"], key)
+    rows = re.findall(r"^\| (`OtelNuma.*?) \| .* \| (\w+) \|$", readme, re.MULTILINE)
+    in_table = {
+        name if name.startswith("OtelNuma") else "OtelNuma" + name.removeprefix("..."): duration
+        for names, duration in rows
+        for name in re.findall(r"`([^`]+)`", names)
+    }
+    assert in_table == {name: rule["for"] for name, rule in shipped.items()}

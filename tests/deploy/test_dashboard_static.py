@@ -64,6 +64,16 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_info": POD,
     "numa_agent_source_errors_total": frozenset({"numa_source", "error_type"}),
     "numa_agent_source_age_seconds": frozenset({"numa_source"}),
+    "numa_agent_source_duration_seconds": frozenset({"numa_source"}),
+    "numa_agent_source_success": frozenset({"numa_source"}),
+    "numa_agent_stage_duration_seconds": frozenset({"numa_stage"}),
+    "numa_agent_stage_success": frozenset({"numa_stage"}),
+    "numa_agent_series_forgetting": frozenset(),
+    # the agent's own process, OpenTelemetry's process semantic conventions
+    "process_cpu_time_seconds_total": frozenset({"cpu_mode"}),
+    "process_memory_usage_bytes": frozenset(),
+    "process_open_file_descriptor_count": frozenset(),
+    "process_thread_count": frozenset(),
 }
 
 # What the dashboard must show at least.
@@ -282,16 +292,63 @@ def test_dashboard_covers_the_required_series() -> None:
     assert used >= REQUIRED_METRICS, REQUIRED_METRICS - used
 
 
+# Catalogue metrics with no panel, each for a reason an operator would accept.
+LEFT_OUT = {
+    "numa_container_info": "an info series (opt-in runtime enrichment) for the operator's own joins",
+    "numainfo_node_count": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
+    "numainfo_core_count": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
+    "numainfo_version": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
+}
+# Device metrics whose panels land with them: accepted without a panel while they have none.
+PANELS_LATER = {"numa_pci_device_count", "numa_container_aligned"}
+
+
+def test_every_catalogue_metric_has_a_panel_or_a_reason() -> None:
+    used = {s.name for _, t in TARGETS for s in selectors(parsed(t))}
+    names = {spec.prometheus_name for spec in catalogue.METRICS}
+    missing = names - used - set(LEFT_OUT) - PANELS_LATER
+    assert not missing, f"no panel shows {sorted(missing)}: add one, or a reason to LEFT_OUT"
+    assert not set(LEFT_OUT) & used, "a metric left out has a panel after all: drop it from LEFT_OUT"
+    assert set(LEFT_OUT) <= names, "LEFT_OUT names a metric the agent does not export"
+
+
+def test_dashboard_has_an_agent_cost_row() -> None:
+    panels = list(iter_panels(DASHBOARD_DOC["panels"]))
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Agent cost"]
+    below = [p for p in panels if p["gridPos"]["y"] == row["gridPos"]["y"] + 1]
+    shown = {s.name for p in below for t in p["targets"] for s in selectors(parsed(t))}
+    assert shown == {
+        "process_cpu_time_seconds_total",
+        "process_memory_usage_bytes",
+        "process_open_file_descriptor_count",
+        "process_thread_count",
+    }
+
+
+def test_device_variable_has_values_without_podresources() -> None:
+    """numa_device_capacity comes only from podresources; the device checkpoint gives
+    numa_device_allocated, so the variable takes its values from both."""
+    variables = {v["name"]: v for v in DASHBOARD_DOC["templating"]["list"]}
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variables["resource"]["query"])
+    assert match and match.group(2) == "numa_resource_name"
+    selector = promql_parser.parse(substitute(match.group(1), PARSE_VALUES))
+    assert isinstance(selector, promql_parser.VectorSelector)
+    (name,) = [m for m in selector.matchers.matchers if m.name == "__name__"]
+    for metric in ("numa_device_allocated", "numa_device_capacity"):
+        assert re.fullmatch(name.value, metric), metric
+
+
 def test_catalogue_follows_design_naming() -> None:
     # A guard on the hand-written catalogue itself: Prometheus names of counters end in _total and
     # byte-valued series in _bytes, as the OTel Prometheus exporter renders units.
     for name in METRIC_LABELS:
-        assert re.fullmatch(r"numa_[a-z_]+", name)
+        assert re.fullmatch(r"(numa|process)_[a-z_]+", name)
     assert {n for n in METRIC_LABELS if n.endswith("_total")} == {
         "numa_cpu_time_seconds_total",
         "numa_memory_page_allocations_total",
         "numa_container_cpu_time_seconds_total",
         "numa_agent_source_errors_total",
+        "process_cpu_time_seconds_total",
     }
 
 

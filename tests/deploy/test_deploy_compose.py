@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
+
 from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
-
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.testing.compose import interpolate
 from otel_numa.testing.kubelet_scenario import labels, series

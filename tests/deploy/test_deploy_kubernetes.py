@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-from otel_numa.cli.main import load_settings
 
+from otel_numa.cli.main import load_settings
 from tests.paths import REPO
 
 MANIFESTS = REPO / "config" / "kubernetes"

@@ -23,9 +23,9 @@ import jsonschema  # type: ignore[import-untyped]
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+
 from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
-
 from otel_numa.instruments import catalogue
 from otel_numa.testing import certs
 from tests.paths import FIXTURES, REPO

@@ -6,7 +6,7 @@ The image then runs with the settings users deploy, read from the files they dep
 the compose file's (read-only root, no capability, no privilege escalation, host /sys and /proc read-only,
 the image's non-root user) and the DaemonSet's (UID 0, no capability, read-only root, resource limits,
 the kubelet directory with root-owned 0600 checkpoints and a podresources socket, read-only). The whole
-compose stack is run by tests/test_deploy_stack.py through the README's commands. Build time, image and
+compose stack is run by tests/deploy/test_deploy_stack.py through the README's commands. Build time, image and
 layer sizes and the UID are printed to the test output.
 """
 

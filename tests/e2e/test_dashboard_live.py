@@ -209,3 +209,31 @@ def test_demo_state_is_what_generate_writes(tmp_path: Path) -> None:
     )
     for name in ("kubelet", "pod-logs", "container-logs", "cgroup"):
         assert tree(tmp_path / name) == tree(DEMO / name), name
+
+
+def test_device_variable_has_values_without_podresources(
+    tmp_path: Path, demo_copy: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    """On a node without podresources the device checkpoint still names the resources."""
+    sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
+    args = [
+        "--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--node-name", NODE,
+        "--kubelet-root", str(demo_copy / "kubelet"), "--pod-logs-root", str(demo_copy / "pod-logs"),
+        "--podresources-socket", "none", "--interval", "1",
+    ]  # fmt: skip
+    variables = json.loads(DASHBOARD.read_text())["templating"]["list"]
+    (query,) = [v["query"] for v in variables if v["name"] == "resource"]
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", fill(query, {"job": "otel-numa", "node": NODE}))
+    assert match, query
+    with (
+        run_agent(args, tmp_path) as agent,
+        run_prometheus(tmp_path, [f"127.0.0.1:{agent.prometheus_port}"]) as prom,
+    ):
+        wait_for(lambda: prom.query("numa_device_allocated"), 40, "device series")
+        assert not prom.query("numa_device_capacity")  # podresources is the only source of capacity
+        status, body = http_get(
+            f"http://127.0.0.1:{prom.port}/api/v1/label/{match.group(2)}/values?match[]="
+            + _quote(match.group(1))
+        )
+    assert status == 200
+    assert set(json.loads(body)["data"]) >= {"nvidia.com/gpu", "example.com/sriov-vf"}
