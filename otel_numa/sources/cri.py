@@ -32,7 +32,7 @@ from otel_numa.proto import cri_runtime_v1_pb2 as pb
 from otel_numa.proto import cri_runtime_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceUnavailable
 from otel_numa.sources.podresources import DEFAULT_MAX_MESSAGE_BYTES, UnixSocketChannel, rpc_failure
-from otel_numa.sources.secret_names import is_secret_like
+from otel_numa.sources.secret_names import is_secret_like as is_secret_like  # re-exported
 
 CRI_SOCKET_CANDIDATES = (
     "/run/containerd/containerd.sock",
