@@ -49,7 +49,7 @@ HEAD_TIMEOUT_S = 5.0  # from accept to a complete request head, TLS handshake in
 REQUEST_TIMEOUT_S = 10.0  # per socket read or write once the head is in (Prometheus' scrape timeout is 10 s)
 MAX_HEAD_BYTES = 64 * 1024  # larger heads are answered 431, as http.server answers an over-long line
 LISTEN_BACKLOG = 1024  # a fleet's Prometheus replicas and probes connecting at once (the kernel caps it)
-EVICT_AFTER_S = 1.0  # at the cap, a connection waiting this long for its head is closed for a new one
+EVICT_AFTER_S = 0.25  # at the cap, a connection waiting this long for its head is closed for a new one
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 2.0  # accepting pauses this long when descriptors run out (doubling)
 
 _TOO_LARGE = b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
