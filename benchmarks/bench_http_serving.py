@@ -32,7 +32,7 @@ import psutil
 
 from otel_numa.testing.peers import free_port, wait_for
 
-SERVERS = ("agent", "agent-no-trim", "prometheus_client", "waitress", "cheroot")
+SERVERS = ("agent", "prometheus_client", "waitress", "cheroot")
 LIBRARY_OF = {"waitress": "waitress", "cheroot": "cheroot"}
 HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1",
@@ -51,10 +51,7 @@ def serve(kind: str, port: int, series: int) -> None:
     for index in range(series):
         gauge.labels(str(index % 8), f"pod-{index:06d}").set(index)
     app = compressing(make_wsgi_app(registry, disable_compression=True))
-    if kind.startswith("agent"):
-        if kind == "agent-no-trim":  # without giving freed pages back after each answer
-            http_server = importlib.import_module("otel_numa.http_server")
-            http_server.release_free_memory = lambda: None
+    if kind == "agent":
         MetricsServer("127.0.0.1", port, registry)
     elif kind == "prometheus_client":  # wsgiref with a thread per connection, gzip at level 9
         start_http_server(port, "127.0.0.1", registry)

@@ -6,13 +6,21 @@ from __future__ import annotations
 import gzip
 import threading
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 import requests
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsPartialSuccess,
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 
 from otel_numa.otlp_http import MAX_RESPONSE_BYTES, keep_head_of_body, otlp_http_session
 from otel_numa.testing.peers import run_agent, wait_for
@@ -140,3 +148,46 @@ def test_huge_collector_answers_leave_memory_bounded_and_pushes_delivered(
     assert peak_mib < 150, f"peak RSS {peak_mib:.0f} MiB with answers of {ANSWER_BYTES // 2**20} MiB"
     assert all("numa.cpu.capacity" in names for names in collector.pushes)
     assert "Failed to export" not in log  # a 200 is a delivered push, however long its body
+
+
+class _BigPartialSuccess(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """An OTLP/gRPC collector whose every answer carries a partial-success message of ``answer_bytes``."""
+
+    def __init__(self, answer_bytes: int) -> None:
+        self.pushes = 0
+        self._answer = ExportMetricsServiceResponse(
+            partial_success=ExportMetricsPartialSuccess(error_message="x" * answer_bytes)
+        )
+
+    def Export(self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext) -> Any:
+        self.pushes += 1
+        return self._answer
+
+
+@pytest.mark.e2e
+def test_huge_grpc_answers_are_refused_by_the_channel_and_leave_memory_bounded(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    sysfs, procfs = hwloc_root(SNAPSHOT)
+    collector = _BigPartialSuccess(100 * 1024 * 1024)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(collector, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        args = [
+            *("--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--node-name", "big-answers"),
+            *("--kubelet-root", str(tmp_path / "no-kubelet"), "--podresources-socket", "none"),
+            *("--exporter", "prometheus,otlp", "--otlp-protocol", "grpc"),
+            *("--otlp-endpoint", f"http://127.0.0.1:{port}", "--interval", "1"),
+        ]
+        with run_agent(args, tmp_path) as agent:
+            wait_for(lambda: collector.pushes >= 3, 60, "three pushes answered with 100 MB each")
+            peak_mib = peak_rss_kib(agent.process.pid) / 1024
+            assert agent.metrics_text()
+            log = agent.log()
+    finally:
+        server.stop(0)
+    # gRPC's 4 MiB default receive limit refuses the answer before it is held (the push counts as failed)
+    assert peak_mib < 150, f"peak RSS {peak_mib:.0f} MiB with 100 MiB answers"
+    assert "RESOURCE_EXHAUSTED" in log
