@@ -25,7 +25,7 @@ BROKEN_PIPE = "broken pipe"
 TIMEOUT = "timeout"
 HEAD_TIMEOUT = "request head not received in time"
 HEAD_TOO_LARGE = "request head too large"
-TLS_HANDSHAKE = "TLS handshake failed"
+TLS_FAILURE = "TLS error"
 CAPPED = "closed at the connection cap"
 OUT_OF_DESCRIPTORS = "out of file descriptors"
 OTHER = "other socket error"
@@ -40,7 +40,7 @@ def is_out_of_descriptors(error: OSError) -> bool:
 def kind_of(error: BaseException) -> str:
     """The fixed word for a failed connection's exception."""
     if isinstance(error, ssl.SSLError):
-        return TLS_HANDSHAKE
+        return TLS_FAILURE
     if isinstance(error, ConnectionResetError | ConnectionAbortedError):
         return RESET
     if isinstance(error, BrokenPipeError):

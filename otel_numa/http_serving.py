@@ -178,6 +178,7 @@ class _Waiting:
     accepted_at: float
     head: bytearray = field(default_factory=bytearray)
     handshaken: bool = False
+    events: int = selectors.EVENT_READ  # what the selector waits for: TLS may need to write to read on
 
 
 class Serving:
@@ -308,7 +309,6 @@ class Serving:
             if isinstance(connection, ssl.SSLSocket) and not waiting.handshaken:
                 connection.do_handshake()
                 waiting.handshaken = True
-                self._selector.modify(connection, selectors.EVENT_READ, waiting)
             while True:
                 chunk = connection.recv(MAX_HEAD_BYTES + 1 - len(waiting.head))
                 if not chunk:  # the client gave up
@@ -325,12 +325,17 @@ class Serving:
                     self._close(waiting)
                     return
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
-            return  # more to come: the selector says when
+            self._wait_for(waiting, selectors.EVENT_READ)  # more to come: the selector says when
         except ssl.SSLWantWriteError:
-            self._selector.modify(connection, selectors.EVENT_WRITE, waiting)
+            self._wait_for(waiting, selectors.EVENT_WRITE)
         except OSError as error:  # ssl.SSLError included: a refused client certificate, plain HTTP on TLS
             self._failures.count(kind_of(error), waiting.address)
             self._close(waiting)
+
+    def _wait_for(self, waiting: _Waiting, events: int) -> None:
+        if waiting.events != events:
+            self._selector.modify(waiting.connection, events, waiting)
+            waiting.events = events
 
     def _expire(self) -> None:
         deadline = time.monotonic() - HEAD_TIMEOUT_S
