@@ -291,16 +291,17 @@ class Serving:
             self._advance(waiting)  # most clients sent their request with the connection
 
     def _out_of_descriptors(self) -> None:
-        """Pause accepting (the pending connections stay in the kernel's queue), and free a descriptor held
-        by the oldest connection still waiting for its head, if any has waited long."""
+        """Pause accepting (new connections stay in the kernel's queue), and give back the descriptors of the
+        connections that have waited long for their head: the agent's own file reads need them too."""
         self._failures.count(OUT_OF_DESCRIPTORS)
-        self._resume_at = time.monotonic() + self._backoff_s
+        now = time.monotonic()
+        self._resume_at = now + self._backoff_s
         self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
-        if self._waiting:
-            oldest = next(iter(self._waiting.values()))
-            if time.monotonic() - oldest.accepted_at >= EVICT_AFTER_S:
-                self._failures.count(CAPPED, oldest.address)
-                self._close(oldest)
+        for waiting in list(self._waiting.values()):
+            if now - waiting.accepted_at < EVICT_AFTER_S:
+                break  # in accept order: the rest are younger
+            self._failures.count(CAPPED, waiting.address)
+            self._close(waiting)
 
     def _advance(self, waiting: _Waiting) -> None:
         """Go on with the handshake or the head as far as the client has sent; hand over a complete head."""
