@@ -246,4 +246,3 @@ class MetricsServer:
         self._serving.stop()
         if self._watcher is not None:
             self._watcher.join(timeout=1)
-
