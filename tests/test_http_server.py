@@ -133,7 +133,6 @@ def test_an_ipv6_address_is_served() -> None:
 EXIT_WITH_A_SILENT_CLIENT = """
 import socket, sys, time
 from prometheus_client import CollectorRegistry
-from otel_numa.connection_failures import ConnectionFailures, kind_of
 from otel_numa.http_server import MetricsServer
 server = MetricsServer("127.0.0.1", 0, CollectorRegistry())
 silent = socket.create_connection(("127.0.0.1", server.port))
