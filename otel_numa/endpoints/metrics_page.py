@@ -12,7 +12,6 @@ import gzip
 import logging
 import os
 import ssl
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -215,14 +214,13 @@ class MetricsServer:
         if self._reloader is not None:
             # Each handshake starts on the listening context (which fixes whether a client certificate is
             # required) and switches to the latest good context, so rotated files take effect at once.
-            # The handshake runs in the connection's worker, not in the accepting thread: a client that
-            # connects and stays silent cannot stall every other scrape.
+            # The handshake runs without blocking in the accepting thread, before the request reaches a
+            # worker: a client that connects and stays silent holds no worker (see http_serving).
             listening = self._reloader.context
             listening.sni_callback = self._use_current_context
             self._httpd.socket = listening.wrap_socket(
                 self._httpd.socket, server_side=True, do_handshake_on_connect=False
             )
-            _quiet_failed_handshakes(self._httpd)
             self._watcher = threading.Thread(target=self._watch, args=(reload_interval_s,), daemon=True)
             self._watcher.name = "tls-reload"
             self._watcher.start()
@@ -252,18 +250,3 @@ class MetricsServer:
         self._serving.stop()
         if self._watcher is not None:
             self._watcher.join(timeout=1)
-
-
-def _quiet_failed_handshakes(httpd: Any) -> None:
-    """A failed handshake (no or untrusted client certificate, plain HTTP sent to the TLS port) is the
-    client's problem: one debug line instead of a traceback on stderr. Other errors are reported as before."""
-    report = httpd.handle_error
-
-    def handle_error(request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError):  # ssl.SSLError, resets, timeouts
-            log.debug("connection from %s failed: %s", client_address, error)
-        else:
-            report(request, client_address)
-
-    httpd.handle_error = handle_error

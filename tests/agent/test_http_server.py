@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
+from otel_numa.endpoints.connection_failures import ConnectionFailures, kind_of
 from otel_numa.endpoints.metrics_page import GZIP_LEVEL, MetricsServer
 from otel_numa.endpoints.serving import MAX_WORKERS
 from otel_numa.testing.peers import voluntary_switches
@@ -147,3 +150,38 @@ def test_a_silent_client_does_not_hold_up_the_process_exit() -> None:
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout == b"shut down\n"
     assert time.monotonic() - began < 10  # not the 30 s the worker would wait for the request
+
+
+def test_an_over_long_request_head_gets_431(server: MetricsServer) -> None:
+    for size in (70_000, 1_000_000):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{server.port}/metrics", headers={"X-Big": "a" * size}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 431
+    assert get(server)[0] == 200
+
+
+def test_connection_failures_are_logged_once_per_kind_then_summed(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    failures = ConnectionFailures("metrics-http", summary_interval_s=60, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="otel_numa.endpoints.connection_failures"):
+        for _ in range(100):
+            failures.count(kind_of(ConnectionResetError()), ("10.0.0.7", 51000))
+        failures.count(kind_of(TimeoutError()))
+        assert [record.getMessage() for record in caplog.records] == [
+            "metrics-http: client connection failed (connection reset) from 10.0.0.7:51000; "
+            "further failures of this kind are counted",
+            "metrics-http: client connection failed (timeout) from an unknown peer; "
+            "further failures of this kind are counted",
+        ]
+        now[0] = 61.0
+        failures.count(kind_of(BrokenPipeError()))  # a first of its kind, and the summary is due
+        failures.flush()  # nothing new since: no line
+    assert [record.getMessage() for record in caplog.records[2:]] == [
+        "metrics-http: client connection failed (broken pipe) from an unknown peer; "
+        "further failures of this kind are counted",
+        "metrics-http: 99 more client connection failures: connection reset x99",
+    ]
+    assert failures.totals == {"connection reset": 100, "timeout": 1, "broken pipe": 1}

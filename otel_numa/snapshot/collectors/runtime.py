@@ -2,8 +2,9 @@
 
 :meth:`RuntimeRefresher.refresh` runs in the scheduler's thread and swaps in a new immutable
 :class:`RuntimeView`; snapshot builds only read :attr:`RuntimeRefresher.latest`. Only allowlisted pod
-labels, pod annotations and environment variables are kept (exact names; a secret-like variable name is
-always refused, even when allowlisted), with values cut to a maximum length.
+labels, pod annotations and environment variables are kept (exact names; a secret-like name is always
+refused, even when allowlisted, by the rule of :mod:`otel_numa.sources.secret_names`), with the credentials
+of URL-shaped values taken out and values cut to a maximum length.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from otel_numa.model import Allocation
 from otel_numa.options import EnrichMode
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
+from otel_numa.sources.secret_names import is_secret_like, without_url_credentials
 
 if TYPE_CHECKING:  # the CRI client brings gRPC: imported only where the runtime is configured
     from otel_numa.sources.cri import ContainerInfo, CriClient
@@ -55,20 +57,33 @@ def attribute_name(prefix: str, key: str) -> str:
     return prefix + _NOT_NAME_CHARACTER.sub("_", key)
 
 
-def enrichment_attributes(info: ContainerInfo, rules: EnrichmentRules) -> dict[str, str]:
-    """The allowlisted labels, annotations and environment variables of one container."""
-    from otel_numa.sources import cri
+def refused_names(rules: EnrichmentRules) -> list[str]:
+    """The allowlisted names that look like they hold a secret, as ``setting: name``."""
+    return [
+        f"{setting}: {name}"
+        for setting, names in (
+            ("enrich_pod_labels", rules.pod_labels),
+            ("enrich_pod_annotations", rules.pod_annotations),
+            ("enrich_env", rules.env),
+        )
+        for name in sorted(names)
+        if is_secret_like(name)
+    ]
 
+
+def enrichment_attributes(info: ContainerInfo, rules: EnrichmentRules) -> dict[str, str]:
+    """The allowlisted, not secret-like labels, annotations and environment variables of one container."""
     found: dict[str, str] = {}
     for prefix, values, allowed in (
         (LABEL_PREFIX, info.pod_labels, rules.pod_labels),
         (ANNOTATION_PREFIX, info.pod_annotations, rules.pod_annotations),
-        (ENV_PREFIX, info.env, frozenset(name for name in rules.env if not cri.is_secret_like(name))),
+        (ENV_PREFIX, info.env, rules.env),
     ):
         for key in sorted(allowed):
             value = values.get(key)
-            if value is not None:
-                found[attribute_name(prefix, key)] = value[: rules.value_max_length]
+            if value is not None and not is_secret_like(key):
+                # credentials out before the cut: a cut could leave ``user:password`` without its ``@``
+                found[attribute_name(prefix, key)] = without_url_credentials(value)[: rules.value_max_length]
     return found
 
 
@@ -100,6 +115,11 @@ class RuntimeRefresher:
             client = CriClient(socket_path)
         self._client = client
         self._rules = rules
+        refused = refused_names(rules)
+        if refused:
+            log.warning(
+                "allowlisted names refused, they look like they hold a secret: %s", ", ".join(refused)
+            )
         self._tracker = registry.tracker(SOURCE)
         self._latest: RuntimeView | None = None
 
