@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--reserved-cpus", metavar="LIST", help="the kubelet's reserved CPU set, e.g. 0-1")
     add("--cgroup-root", metavar="DIR")
     add("--container-logs-root", metavar="DIR")
+    add("--cdi-spec-dirs", metavar="DIRS", help="CDI spec directories (comma list), to place DRA devices")
     add("--node-name", metavar="NAME")
     add("--exporter", dest="exporters", action="append", metavar="NAME", help="prometheus, otlp, console")
     add("--prometheus-address", metavar="HOST:PORT")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time"]
+MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time", "pci"]
 EnrichMode = Literal["info", "attributes"]
 Address = tuple[str, int]
 
@@ -34,6 +34,7 @@ class KubeletOptions:
     pod_logs_root: Path
     reserved_cpus: frozenset[int] | None
     checkpoints: frozenset[str]  # numa.source names of the checkpoints to read
+    cdi_spec_dirs: tuple[Path, ...] = ()  # read to place DRA devices; () when no metric needs them
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     reserved_cpus: Annotated[frozenset[int] | None, NoDecode] = None
     cgroup_root: Path = Path("/sys/fs/cgroup")
     container_logs_root: Path = Path("/var/log/containers")
+    # CDI spec directories, read to place DRA-allocated devices on NUMA nodes
+    cdi_spec_dirs: Annotated[tuple[Path, ...], NoDecode] = (Path("/etc/cdi"), Path("/var/run/cdi"))
     node_name: str = Field(
         default_factory=socket.gethostname,
         validation_alias=AliasChoices("OTEL_NUMA_NODE_NAME", "NODE_NAME"),
@@ -133,6 +135,11 @@ class Settings(BaseSettings):
         if isinstance(items, list) and not items:
             raise ValueError("at least one exporter is needed")
         return tuple(dict.fromkeys(items)) if isinstance(items, list) else items
+
+    @field_validator("cdi_spec_dirs", mode="before")
+    @classmethod
+    def _cdi_dirs(cls, value: Any) -> Any:
+        return _split_list(value)
 
     @field_validator("disable", mode="before")
     @classmethod
@@ -270,7 +277,12 @@ class Settings(BaseSettings):
         ]
         names = {spec.name for spec in metrics}
         sources = catalogue.sources_of(metrics)
-        checkpoints = sources & {Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER}
+        checkpoints = sources & {
+            Source.CPU_MANAGER,
+            Source.MEMORY_MANAGER,
+            Source.DEVICE_MANAGER,
+            Source.DRA_MANAGER,
+        }
         socket = self.podresources_socket_path
         per_container = any(spec.group in PER_CONTAINER_GROUPS for spec in metrics)
         # info mode needs the runtime for numa.container.info, attributes mode for any per-container series
@@ -292,6 +304,7 @@ class Settings(BaseSettings):
                     self.pod_logs_root,
                     self.reserved_cpus,
                     frozenset(str(source) for source in checkpoints),
+                    self.cdi_spec_dirs if Source.CDI in sources else (),
                 )
                 if checkpoints or Source.PODRESOURCES in sources
                 else None
@@ -344,6 +357,7 @@ MACHINE_PARTS: tuple[tuple[str, MachinePart], ...] = (
     ("numa.hugepages.free", "hugepages"),
     ("numa.memory.page.allocations", "numastat"),
     ("numa.cpu.time", "cpu_time"),
+    ("numa.pci.device.count", "pci"),
 )
 
 

@@ -1,0 +1,158 @@
+"""PCI functions and their NUMA nodes from sysfs (``bus/pci/devices``).
+
+A function's NUMA node is its ``numa_node`` when that is >= 0; else the one NUMA node whose CPUs hold all
+of its local CPUs (``local_cpulist``, else the ``local_cpus`` mask), online CPUs only; else -1. Without
+NUMA the one synthetic node 0 holds every CPU, so every function is on node 0.
+
+Each function is judged on its own: a ``class`` file that is unreadable or holds garbage costs only that
+function (reported to the error sink); a bad ``numa_node`` or CPU list falls through to the next rule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from otel_numa.model import NO_NUMA, PciCountKey, PciDevices, PciFunction, Topology
+from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
+from otel_numa.sources.files import ErrorSink, parse_cpulist, parse_cpumask, read_value_text, report
+
+PCI_DEVICES_DIR = Path("bus/pci/devices")
+# domain:bus:device.function, as the kernel names PCI functions
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+BRIDGE_CLASS = 0x06
+
+# base class -> pci.device.class; anything else is "other"
+CLASS_NAMES: dict[int, str] = {
+    0x00: "unclassified",
+    0x01: "mass_storage",
+    0x02: "network",
+    0x03: "display",
+    0x04: "multimedia",
+    0x05: "memory",
+    0x07: "communication",
+    0x08: "system_peripheral",
+    0x09: "input",
+    0x0A: "docking_station",
+    0x0B: "processor",
+    0x0C: "serial_bus",
+    0x0D: "wireless",
+    0x0E: "intelligent_io",
+    0x0F: "satellite",
+    0x10: "encryption",
+    0x11: "signal_processing",
+    0x12: "processing_accelerator",
+    0x13: "non_essential_instrumentation",
+    0x40: "coprocessor",
+}
+PHYSICAL, VIRTUAL = "physical", "virtual"
+
+
+def class_name(base_class: int) -> str:
+    return CLASS_NAMES.get(base_class, "other")
+
+
+def parse_class(text: str) -> int:
+    """The base class (top byte) of a ``class`` file such as ``0x030200``."""
+    stripped = text.strip()
+    if not re.fullmatch(r"0x[0-9a-fA-F]{6}", stripped):
+        raise SourceCorrupt(f"not a PCI class: {stripped[:40]!r}")
+    return int(stripped, 16) >> 16
+
+
+def _parse_numa_node(text: str) -> int:
+    stripped = text.strip()
+    if not re.fullmatch(r"-?\d{1,6}", stripped):
+        raise SourceCorrupt(f"not a NUMA node id: {stripped[:40]!r}")
+    return int(stripped)
+
+
+def node_of_cpus(cpus: frozenset[int], topology: Topology) -> int:
+    """The one node whose CPUs hold all of ``cpus`` (online ones); -1 when none or several do."""
+    online = cpus & topology.online_cpus
+    holders = [node.id for node in topology.nodes if node.cpus_known and online <= node.cpus]
+    return holders[0] if len(holders) == 1 else NO_NUMA
+
+
+def _optional(path: str, on_error: ErrorSink | None) -> str | None:
+    try:
+        return read_value_text(path)
+    except SourceMissing:
+        return None
+    except SourceError as error:
+        report(error, on_error)
+        return None
+
+
+def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int:
+    """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path)."""
+    if topology.numa_enabled:
+        text = _optional(f"{directory}/numa_node", on_error)
+        if text is not None:
+            try:
+                numa = _parse_numa_node(text)
+            except SourceCorrupt as error:
+                report(SourceCorrupt(f"{directory}/numa_node: {error}"), on_error)
+            else:
+                if numa >= 0:
+                    return numa
+    for name, parse in (("local_cpulist", parse_cpulist), ("local_cpus", parse_cpumask)):
+        text = _optional(f"{directory}/{name}", on_error)
+        if text is None:
+            continue
+        try:
+            return node_of_cpus(parse(text), topology)
+        except SourceCorrupt as error:
+            report(SourceCorrupt(f"{directory}/{name}: {error}"), on_error)
+    return NO_NUMA
+
+
+def read_function(
+    sysfs_root: Path, address: str, topology: Topology, on_error: ErrorSink | None = None
+) -> PciFunction | None:
+    """One PCI function; ``None`` when it is gone or its ``class`` is unusable (reported)."""
+    directory = f"{sysfs_root / PCI_DEVICES_DIR}/{address}"
+    text = _optional(f"{directory}/class", on_error)
+    if text is None:
+        return None
+    try:
+        base_class = parse_class(text)
+    except SourceCorrupt as error:
+        report(SourceCorrupt(f"{directory}/class: {error}"), on_error)
+        return None
+    virtual = os.path.lexists(f"{directory}/physfn")
+    return PciFunction(address, function_numa(directory, topology, on_error), base_class, virtual)
+
+
+def list_addresses(sysfs_root: Path) -> tuple[str, ...]:
+    """The PCI addresses under ``bus/pci/devices``, sorted; empty when the machine has no PCI bus."""
+    try:
+        with os.scandir(sysfs_root / PCI_DEVICES_DIR) as entries:
+            return tuple(sorted(entry.name for entry in entries if PCI_ADDRESS.fullmatch(entry.name)))
+    except (FileNotFoundError, NotADirectoryError):
+        return ()
+    except OSError as exc:
+        raise SourceUnavailable(f"{sysfs_root / PCI_DEVICES_DIR}: {exc.strerror or exc}") from exc
+
+
+def count_functions(functions: Iterable[PciFunction]) -> dict[PciCountKey, int]:
+    """Functions per (NUMA id, class name, function kind), bridges left out."""
+    counts: dict[PciCountKey, int] = {}
+    for function in functions:
+        if function.base_class == BRIDGE_CLASS:
+            continue
+        key = (function.numa_node, class_name(function.base_class), VIRTUAL if function.virtual else PHYSICAL)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def read_pci_devices(sysfs_root: Path, topology: Topology, on_error: ErrorSink | None = None) -> PciDevices:
+    """Every PCI function of the machine with its NUMA node, and the counts of the non-bridges."""
+    functions = {}
+    for address in list_addresses(sysfs_root):
+        function = read_function(sysfs_root, address, topology, on_error)
+        if function is not None:
+            functions[address] = function
+    return PciDevices(functions, count_functions(functions.values()))
