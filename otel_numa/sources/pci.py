@@ -88,16 +88,17 @@ def _optional(path: str, on_error: ErrorSink | None) -> str | None:
 
 def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int:
     """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path)."""
-    if topology.numa_enabled:
-        text = _optional(f"{directory}/numa_node", on_error)
-        if text is not None:
-            try:
-                numa = _parse_numa_node(text)
-            except SourceCorrupt as error:
-                report(SourceCorrupt(f"{directory}/numa_node: {error}"), on_error)
-            else:
-                if numa >= 0:
-                    return numa
+    if not topology.numa_enabled:
+        return topology.nodes[0].id if topology.nodes else 0  # the one synthetic node holds everything
+    text = _optional(f"{directory}/numa_node", on_error)
+    if text is not None:
+        try:
+            numa = _parse_numa_node(text)
+        except SourceCorrupt as error:
+            report(SourceCorrupt(f"{directory}/numa_node: {error}"), on_error)
+        else:
+            if numa >= 0:
+                return numa
     for name, parse in (("local_cpulist", parse_cpulist), ("local_cpus", parse_cpumask)):
         text = _optional(f"{directory}/{name}", on_error)
         if text is None:

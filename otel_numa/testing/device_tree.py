@@ -73,7 +73,8 @@ def add_nvidia_gpu(procfs_root: Path, address: str, minor: int) -> None:
     directory.mkdir(parents=True)
     (directory / "information").write_text(
         "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 120\nGPU UUID: \t GPU-5a1c\n"
-        "Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+        "Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+        "DMA Mask: \t 0xfffffffffffff\n"
         f"Bus Location: \t {address}\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n"
     )
 

@@ -156,3 +156,33 @@ def parse_lstopo_xml(text: str) -> HwlocTopology:
 
 def hwloc_topology(fsroot: Path) -> HwlocTopology:
     return parse_lstopo_xml(run_lstopo(fsroot))
+
+
+def lstopo_pci_counts(fsroot: Path | None) -> dict[tuple[int, int], int]:
+    """(NUMA id, PCI base class) -> PCI functions, by hwloc's I/O locality, for the tree under ``fsroot``
+    (``None``: this machine). A function whose nearest CPU-side ancestor holds exactly one NUMA node is on
+    that node, else on -1. Bridges (hwloc ``Bridge`` objects, and host bridges of class 0x06) are left out."""
+    command = [lstopo_path(), "--whole-io", "--of", "xml", "-"]
+    if fsroot is not None:
+        command[1:1] = ["-i", str(fsroot), "--if", "fsroot", "--disallowed"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HWLOC_")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"lstopo failed ({done.returncode}): {done.stderr.strip()}")
+    root = ET.fromstring(done.stdout)
+    parents = {child: parent for parent in root.iter() for child in parent}
+    io_types = {"Bridge", "PCIDev", "OSDev"}
+    counts: dict[tuple[int, int], int] = {}
+    for element in root.iter("object"):
+        if element.get("type") != "PCIDev":
+            continue
+        ancestor = parents[element]
+        while ancestor.get("type") in io_types:
+            ancestor = parents[ancestor]
+        numa_nodes = [o for o in ancestor.iter("object") if o.get("type") == "NUMANode"]
+        numa = int(numa_nodes[0].get("os_index", "-1")) if len(numa_nodes) == 1 else -1
+        base_class = int((element.get("pci_type") or "ffff")[:2], 16)
+        if base_class == 0x06:  # a host bridge is a PCIDev for hwloc; bridges are not counted
+            continue
+        counts[(numa, base_class)] = counts.get((numa, base_class), 0) + 1
+    return counts

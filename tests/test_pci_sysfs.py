@@ -1,0 +1,96 @@
+"""numa.pci.device.count: real sysfs trees checked against hwloc (lstopo), and the NUMA rule's cases."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from otel_numa.model import PciDevices
+from otel_numa.sources import pci
+from otel_numa.sources.sysfs import read_topology
+from otel_numa.testing.device_tree import add_pci_function
+from otel_numa.testing.hwloc import lstopo_pci_counts
+from otel_numa.testing.kubelet_scenario import build_scenario, counted_errors, labels, series
+from otel_numa.testing.sysfs_tree import uniform_nodes
+
+MACHINES = Path(__file__).resolve().parent / "fixtures" / "machines"
+
+
+def _by_class(devices: PciDevices) -> dict[tuple[int, int], int]:
+    """The agent's functions per (NUMA id, base class), bridges left out, as lstopo counts them."""
+    counts: dict[tuple[int, int], int] = {}
+    for function in devices.functions.values():
+        if function.base_class != pci.BRIDGE_CLASS:
+            key = (function.numa_node, function.base_class)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _read(sysfs: Path, procfs: Path) -> PciDevices:
+    topology = read_topology(sysfs, procfs)
+    return pci.read_pci_devices(sysfs, topology)
+
+
+def test_the_h200_guest_matches_lstopo_and_places_numa_node_minus_one_by_its_cpus(tmp_path: Path) -> None:
+    import tarfile
+
+    with tarfile.open(MACHINES / "h200-vm.tar.bz2") as archive:
+        archive.extractall(tmp_path, filter="data")
+    root = tmp_path / "h200-vm"
+    devices = _read(root / "sys", root / "proc")
+    # every numa_node file says -1; local_cpulist 0-15 lies on the one node: node 0
+    assert {f.numa_node for f in devices.functions.values()} == {0}
+    assert devices.counts == {
+        (0, "mass_storage", "physical"): 2,
+        (0, "network", "physical"): 1,
+        (0, "display", "physical"): 1,
+        (0, "other", "physical"): 2,
+    }
+    assert _by_class(devices) == lstopo_pci_counts(root)
+
+
+def test_this_machine_matches_lstopo() -> None:
+    sysfs = Path("/sys")
+    devices = _read(sysfs, Path("/proc"))
+    assert len(devices.functions) == len(os.listdir(sysfs / "bus/pci/devices"))
+    assert _by_class(devices) == lstopo_pci_counts(None)
+
+
+def test_the_numa_rule_and_the_classes_on_a_two_node_tree(tmp_path: Path) -> None:
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    sysfs = node.sysfs_root
+    add_pci_function(sysfs, "0000:3b:00.0", "0x020000", numa_node="1")  # numa_node wins
+    add_pci_function(sysfs, "0000:3b:00.1", "0x020000", numa_node="1", physfn="0000:3b:00.0")  # an SR-IOV VF
+    add_pci_function(sysfs, "0000:5e:00.0", "0x010802", numa_node="-1", local_cpulist="0-3")  # by its CPUs
+    add_pci_function(sysfs, "0000:5f:00.0", "0x120000", local_cpulist="4-5")  # no numa_node file
+    add_pci_function(sysfs, "0000:60:00.0", "0x0b4000", numa_node="-1", local_cpulist="0-7")  # both: -1
+    add_pci_function(sysfs, "0000:61:00.0", "0x400000", numa_node="-1")  # nothing: -1
+    add_pci_function(sysfs, "0000:00:00.0", "0x060000", numa_node="0")  # a host bridge: not counted
+    add_pci_function(sysfs, "0000:62:00.0", "garbage", numa_node="0")  # costs only itself
+    text = node.exposition()
+    assert series(text, "numa_pci_device_count") == {
+        labels(numa_node_id=1, pci_device_class="network", pci_function_kind="physical"): 1,
+        labels(numa_node_id=1, pci_device_class="network", pci_function_kind="virtual"): 1,
+        labels(numa_node_id=0, pci_device_class="mass_storage", pci_function_kind="physical"): 1,
+        labels(numa_node_id=1, pci_device_class="processing_accelerator", pci_function_kind="physical"): 1,
+        labels(numa_node_id=-1, pci_device_class="processor", pci_function_kind="physical"): 1,
+        labels(numa_node_id=-1, pci_device_class="coprocessor", pci_function_kind="physical"): 1,
+    }
+    assert counted_errors(text) == {labels(numa_source="sysfs", error_type="corrupt"): 1}
+    assert series(text, "numa_cpu_capacity") == {labels(numa_node_id=0): 4, labels(numa_node_id=1): 4}
+
+
+def test_without_numa_every_function_is_on_node_zero(tmp_path: Path) -> None:
+    node = build_scenario(tmp_path, uniform_nodes(1, 4), with_numa=False)
+    add_pci_function(node.sysfs_root, "0000:01:00.0", "0x030000")
+    assert series(node.exposition(), "numa_pci_device_count") == {
+        labels(numa_node_id=0, pci_device_class="display", pci_function_kind="physical"): 1
+    }
+
+
+def test_the_topology_group_off_reads_no_pci(tmp_path: Path) -> None:
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    add_pci_function(node.sysfs_root, "0000:62:00.0", "garbage", numa_node="0")
+    text = node.exposition(disable="topology")
+    assert series(text, "numa_pci_device_count") == {}
+    assert counted_errors(text) == {}
