@@ -112,9 +112,9 @@ class Agent:
         if machine is None:  # no topology yet: nothing can be put on a NUMA node
             return kubelet, Allocation()
         if self._dra is not None:
-            placed = self._dra.place(kubelet, machine.pci, machine.topology)
-            if placed:
-                kubelet = replace(kubelet, dra_numa=placed)
+            placed, unknown = self._dra.place(kubelet, machine.pci, machine.topology)
+            if placed or unknown:
+                kubelet = replace(kubelet, dra_numa=placed, dra_unknown=unknown)
         reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None
         allocation = self._allocation.get(
             (machine.topology, kubelet), lambda: compute_allocation(kubelet, machine.topology, reserved)

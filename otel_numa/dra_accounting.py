@@ -71,7 +71,9 @@ def dra_totals(
     for key, device in devices.items():
         total_key = (_numa(state, device), key[0])
         totals[total_key] = totals.get(total_key, 0) + 1
-    return totals
+    # a driver with a device that cannot be placed this round: its totals are unknown, not wrong
+    unknown = {driver for driver, _pool, _device in state.dra_unknown if (driver, _pool, _device) in devices}
+    return {key: count for key, count in totals.items() if key[1] not in unknown} if unknown else totals
 
 
 def add_dra_devices(
@@ -95,11 +97,15 @@ def add_dra_devices(
                 ContainerRef(uid, container.name, pod.name, pod.namespace)
             )
             counts = dict(found.devices)
+            unknown = {device.driver for device in devices.values() if device.key in state.dra_unknown}
             for device in devices.values():
                 count_key = (_numa(state, device), device.driver)
                 counts[count_key] = counts.get(count_key, 0) + 1
+            if unknown:  # this container's series of such a driver are unknown, not wrong
+                counts = {count_key: n for count_key, n in counts.items() if count_key[1] not in unknown}
             spans = [numa for block in container.memory for numa in block.numa_ids]
-            by_key[key] = with_pinned_nodes(replace(found, devices=counts), [*found.pinned_nodes, *spans])
+            pinned = with_pinned_nodes(replace(found, devices=counts), [*found.pinned_nodes, *spans])
+            by_key[key] = replace(pinned, alignment_unknown=bool(unknown))
             changed = True
     return tuple(c for _key, c in sorted(by_key.items())) if changed else containers
 

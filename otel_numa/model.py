@@ -441,6 +441,8 @@ class KubeletState:
     dra: DraManagerState | None = None
     # NUMA node of each DRA device that node-local facts place (PCI address, CDI device nodes); others -1
     dra_numa: Mapping[DraDeviceKey, int] = field(default_factory=dict)
+    # DRA devices whose placement cannot be told this round (their CDI spec is missing or rejected)
+    dra_unknown: frozenset[DraDeviceKey] = frozenset()
     # UIDs of pods that exist (podresources' answer, else <kubelet-root>/pods/); None: unknown, keep all
     live_pods: frozenset[str] | None = None
     pod_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
@@ -470,11 +472,15 @@ class ContainerAllocation:
     devices: Mapping[DeviceKey, int] = field(default_factory=dict)
     # NUMA nodes of every NUMA-pinned resource (exclusive CPUs, memory blocks, placed devices); -1 never
     pinned_nodes: frozenset[int] = frozenset()
+    # True when a device of the container could not be placed this round: its alignment is not known
+    alignment_unknown: bool = False
 
     @property
     def aligned(self) -> bool | None:
-        """True on one node, False across several, None with nothing NUMA-pinned."""
-        return None if not self.pinned_nodes else len(self.pinned_nodes) == 1
+        """True on one node, False across several, None with nothing NUMA-pinned or when not known."""
+        if self.alignment_unknown or not self.pinned_nodes:
+            return None
+        return len(self.pinned_nodes) == 1
 
 
 @dataclass(frozen=True, slots=True)

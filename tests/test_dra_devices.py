@@ -273,3 +273,21 @@ def test_a_corrupt_dra_checkpoint_costs_only_the_dra_totals(node: KubeletScenari
     assert series(text, "numa_device_allocated") == {}
     assert series(text, "numa_cpu_capacity") == {labels(numa_node_id=0): 4, labels(numa_node_id=1): 4}
     assert counted_errors(text) == {labels(numa_source="dra_manager", error_type="checksum_mismatch"): 1}
+
+
+def test_a_cdi_device_no_spec_defines_leaves_its_drivers_numbers_absent(
+    node: KubeletScenario, socket_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "cdi" / "k8s.gpu.nvidia.com-claim_gpu.yaml").unlink()  # the claim's spec is gone
+    with PodResourcesServer(socket_dir / "kubelet.sock") as server:
+        server.state.pods = podresources_pods()
+        text = node.exposition(
+            podresources_socket=str(server.socket_path), cdi_spec_dirs=str(tmp_path / "cdi")
+        )
+    assert series(text, "numa_device_allocated") == {
+        key: value for key, value in EXPECTED_TOTALS.items() if ("numa_resource_name", NVIDIA) not in key
+    }
+    aligned = series(text, "numa_container_aligned")
+    assert _container(INFER, "infer-0", "infer") not in aligned  # not known, so not 0 or 1
+    assert aligned[_container(TRAIN, "train-0", "train")] == 1
+    assert counted_errors(text) == {}

@@ -64,11 +64,9 @@ def test_the_numa_rule_and_the_classes_on_a_two_node_tree(tmp_path: Path) -> Non
     add_pci_function(sysfs, "0000:5e:00.0", "0x010802", numa_node="-1", local_cpulist="0-3")  # by its CPUs
     add_pci_function(sysfs, "0000:5f:00.0", "0x120000", local_cpulist="4-5")  # no numa_node file
     add_pci_function(sysfs, "0000:60:00.0", "0x0b4000", numa_node="-1", local_cpulist="0-7")  # both: -1
-    add_pci_function(sysfs, "0000:61:00.0", "0x400000", numa_node="-1")  # nothing: -1
+    add_pci_function(sysfs, "0000:61:00.0", "0x400000", numa_node="-1", local_cpulist="")  # no CPUs: -1
     add_pci_function(sysfs, "0000:00:00.0", "0x060000", numa_node="0")  # a host bridge: not counted
-    add_pci_function(sysfs, "0000:62:00.0", "garbage", numa_node="0")  # costs only itself
-    text = node.exposition()
-    assert series(text, "numa_pci_device_count") == {
+    expected = {
         labels(numa_node_id=1, pci_device_class="network", pci_function_kind="physical"): 1,
         labels(numa_node_id=1, pci_device_class="network", pci_function_kind="virtual"): 1,
         labels(numa_node_id=0, pci_device_class="mass_storage", pci_function_kind="physical"): 1,
@@ -76,7 +74,18 @@ def test_the_numa_rule_and_the_classes_on_a_two_node_tree(tmp_path: Path) -> Non
         labels(numa_node_id=-1, pci_device_class="processor", pci_function_kind="physical"): 1,
         labels(numa_node_id=-1, pci_device_class="coprocessor", pci_function_kind="physical"): 1,
     }
-    assert counted_errors(text) == {labels(numa_source="sysfs", error_type="corrupt"): 1}
+    assert series(node.exposition(), "numa_pci_device_count") == expected
+    # a class file holding garbage: its node's counts are unknown (absent, never one short)
+    add_pci_function(sysfs, "0000:62:00.0", "garbage", numa_node="0")
+    # a numa_node holding garbage: its class's counts are unknown, whatever the fallback would say
+    add_pci_function(sysfs, "0000:63:00.0", "0x010802", numa_node="x", local_cpulist="4-7")
+    text = node.exposition()
+    assert series(text, "numa_pci_device_count") == {
+        key: value
+        for key, value in expected.items()
+        if ("numa_node_id", "0") not in key and ("pci_device_class", "mass_storage") not in key
+    }
+    assert counted_errors(text) == {labels(numa_source="sysfs", error_type="corrupt"): 2}
     assert series(text, "numa_cpu_capacity") == {labels(numa_node_id=0): 4, labels(numa_node_id=1): 4}
 
 

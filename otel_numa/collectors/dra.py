@@ -24,6 +24,7 @@ from otel_numa.sources.pci import function_numa
 RACY_LISTING_NS = 1_000_000_000
 CdiDevices = Mapping[str, tuple[CdiDeviceNode, ...]]
 _NOTHING: Mapping[DraDeviceKey, int] = {}
+Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA node per device, unknown)
 
 
 def dra_devices(state: KubeletState) -> tuple[DraDevice, ...]:
@@ -53,7 +54,7 @@ class DraPlacer:
         self._cdi: CdiDevices = {}
         self._cdi_complete = True
         self._inputs: tuple[object, ...] | None = None
-        self._placed: Mapping[DraDeviceKey, int] = {}
+        self._placed: Placement = ({}, frozenset())
 
     def _read_cdi(self, errors: list[SourceError]) -> CdiDevices:
         signature = tuple(StatSignature.of(directory) for directory in self._dirs)
@@ -70,11 +71,12 @@ class DraPlacer:
         self._cdi = self._cdi if devices == self._cdi else devices
         return self._cdi
 
-    def place(self, state: KubeletState, pci: PciDevices, topology: Topology) -> Mapping[DraDeviceKey, int]:
-        """NUMA node per DRA device of ``state`` (the same mapping object while nothing changed)."""
+    def place(self, state: KubeletState, pci: PciDevices, topology: Topology) -> Placement:
+        """NUMA node per DRA device of ``state``, and the devices that cannot be placed this round (a CDI
+        device no spec defines); the same objects while nothing changed."""
         devices = dra_devices(state)
         if not devices:
-            return _NOTHING  # no DRA device: CDI specs are not even looked at
+            return _NOTHING, frozenset()  # no DRA device: CDI specs are not even looked at
         errors: list[SourceError] = []
         with self._tracker.timed():
             cdi = self._read_cdi(errors)
@@ -82,9 +84,11 @@ class DraPlacer:
             if self._inputs is None or not all(
                 a is b or a == b for a, b in zip(inputs, self._inputs, strict=True)
             ):
-                self._placed = {
-                    device.key: self._numa_of(device, cdi, pci, topology, errors) for device in devices
-                }
+                placed = {device.key: self._numa_of(device, cdi, pci, topology, errors) for device in devices}
+                self._placed = (
+                    {key: numa for key, numa in placed.items() if numa is not None},
+                    frozenset(key for key, numa in placed.items() if numa is None),
+                )
                 self._inputs = inputs
         for error in errors:
             self._tracker.failed(error)
@@ -99,12 +103,15 @@ class DraPlacer:
         pci: PciDevices,
         topology: Topology,
         errors: list[SourceError],
-    ) -> int:
-        """By a PCI address in the device's name, else by its CDI device nodes; else -1."""
+    ) -> int | None:
+        """By a PCI address in the device's name, else by its CDI device nodes; else -1. None when a CDI
+        device it names is in no spec (removed, or its spec rejected): its node cannot be told."""
         addresses = list(addresses_in_name(device.device))
         if not addresses:
+            if any(name not in cdi for name in device.cdi_devices):
+                return None
             for name in device.cdi_devices:
-                for node in cdi.get(name, ()):
+                for node in cdi[name]:
                     try:
                         addresses.extend(pci_functions_of(node, self._sysfs_root, self._procfs_root))
                     except SourceError as error:

@@ -86,8 +86,11 @@ def _optional(path: str, on_error: ErrorSink | None) -> str | None:
         return None
 
 
-def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int:
-    """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path)."""
+class _Unknown(Exception):
+    """A function whose local CPU files are all missing: its node cannot be told (never a guess)."""
+
+
+def _function_numa(directory: str, topology: Topology, on_error: ErrorSink | None) -> int:
     if not topology.numa_enabled:
         return topology.nodes[0].id if topology.nodes else 0  # the one synthetic node holds everything
     text = _optional(f"{directory}/numa_node", on_error)
@@ -107,24 +110,45 @@ def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None
             return node_of_cpus(parse(text), topology)
         except SourceCorrupt as error:
             report(SourceCorrupt(f"{directory}/{name}: {error}"), on_error)
-    return NO_NUMA
+            break
+    raise _Unknown
 
 
-def read_function(
-    sysfs_root: Path, address: str, topology: Topology, on_error: ErrorSink | None = None
-) -> PciFunction | None:
-    """One PCI function; ``None`` when it is gone or its ``class`` is unusable (reported)."""
-    directory = f"{sysfs_root / PCI_DEVICES_DIR}/{address}"
-    text = _optional(f"{directory}/class", on_error)
-    if text is None:
-        return None
+def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int:
+    """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path): -1 when
+    no rule places it."""
     try:
-        base_class = parse_class(text)
-    except SourceCorrupt as error:
-        report(SourceCorrupt(f"{directory}/class: {error}"), on_error)
-        return None
-    virtual = os.path.lexists(f"{directory}/physfn")
-    return PciFunction(address, function_numa(directory, topology, on_error), base_class, virtual)
+        return _function_numa(directory, topology, on_error)
+    except _Unknown:
+        return NO_NUMA
+
+
+def _read_function(
+    sysfs_root: Path, address: str, topology: Topology
+) -> tuple[int | None, int | None, bool, list[SourceError]]:
+    """(its node, its base class, whether it is a VF, the errors met); a node or class that cannot be
+    told for sure is None."""
+    directory = f"{sysfs_root / PCI_DEVICES_DIR}/{address}"
+    numa_errors: list[SourceError] = []
+    try:
+        numa: int | None = _function_numa(directory, topology, numa_errors.append)
+    except _Unknown:
+        numa = None
+    class_errors: list[SourceError] = []
+    text = _optional(f"{directory}/class", class_errors.append)
+    base_class: int | None = None
+    if text is not None:
+        try:
+            base_class = parse_class(text)
+        except SourceCorrupt as error:
+            class_errors.append(SourceCorrupt(f"{directory}/class: {error}"))
+    if numa_errors:
+        numa = None  # a fallback after a bad file would be a guess
+    return numa, base_class, _is_virtual(directory), numa_errors + class_errors
+
+
+def _is_virtual(directory: str) -> bool:
+    return os.path.lexists(f"{directory}/physfn")
 
 
 def list_addresses(sysfs_root: Path) -> tuple[str, ...]:
@@ -150,10 +174,34 @@ def count_functions(functions: Iterable[PciFunction]) -> dict[PciCountKey, int]:
 
 
 def read_pci_devices(sysfs_root: Path, topology: Topology, on_error: ErrorSink | None = None) -> PciDevices:
-    """Every PCI function of the machine with its NUMA node, and the counts of the non-bridges."""
-    functions = {}
+    """Every PCI function of the machine with its NUMA node, and the counts of the non-bridges.
+
+    A function whose ``class`` cannot be read or used leaves out the counts of its NUMA node; one whose
+    node cannot be told leaves out the counts of its class and kind: absent, never a wrong number.
+    """
+    functions: dict[str, PciFunction] = {}
+    unknown_nodes: set[int] = set()
+    unknown_kinds: set[tuple[str, str]] = set()
+    everything_unknown = False
     for address in list_addresses(sysfs_root):
-        function = read_function(sysfs_root, address, topology, on_error)
-        if function is not None:
-            functions[address] = function
-    return PciDevices(functions, count_functions(functions.values()))
+        numa, base_class, virtual, errors = _read_function(sysfs_root, address, topology)
+        for error in errors:
+            report(error, on_error)
+        if numa is not None and base_class is not None:
+            functions[address] = PciFunction(address, numa, base_class, virtual)
+        elif base_class is not None:
+            if base_class != BRIDGE_CLASS:
+                unknown_kinds.add((class_name(base_class), VIRTUAL if virtual else PHYSICAL))
+        elif numa is not None:
+            unknown_nodes.add(numa)
+        elif os.path.isdir(f"{sysfs_root / PCI_DEVICES_DIR}/{address}"):
+            everything_unknown = True
+    counts = count_functions(functions.values())
+    if everything_unknown:
+        counts = {}
+    counts = {
+        key: count
+        for key, count in counts.items()
+        if key[0] not in unknown_nodes and (key[1], key[2]) not in unknown_kinds
+    }
+    return PciDevices(functions, counts)
