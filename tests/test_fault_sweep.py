@@ -1,7 +1,8 @@
 """One bad file costs exactly the numbers that depend on it: a fault sweep over real trees.
 
 For every hwloc snapshot and the generated large node, files under ``devices/system/node``,
-``devices/system/cpu``, ``/proc/stat``, ``/proc/meminfo`` and each kubelet checkpoint are made missing,
+``devices/system/cpu``, ``/proc/stat``, ``/proc/meminfo`` and each kubelet checkpoint, and on the captured
+H200 guest the PCI functions' files, the DRA checkpoint and a CDI spec, are made missing,
 empty, garbage, truncated (cut inside a line) and a directory, one at a time. Each variant runs
 ``otel-numa --once`` through its command line and is compared with the clean run of the same tree:
 
@@ -25,6 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from otel_numa.model import DraClaim, DraDevice
+from otel_numa.testing.device_tree import add_char_device, cdi_spec, write_cdi_spec
+from otel_numa.testing.dra_checkpoint import dra_checkpoint_bytes
 from otel_numa.testing.fault_sweep import (
     SWEEP_SUMMARY,
     VARIANTS,
@@ -118,6 +122,14 @@ def cost_of(tree: Path, relative: str) -> Cost:
     if relative in kubelet:
         source, series = kubelet[relative]
         return Cost(source, _names(*series))
+    if relative == "kubelet/dra_manager_state":
+        return Cost("dra_manager", _names("numa_device_allocated", "numa_container_device_allocated"))
+    if relative.startswith("cdi/"):  # its devices' placement, so their drivers' device numbers
+        return Cost("cdi", _names("numa_device_allocated", "numa_container_device_allocated"))
+    function = re.fullmatch(r"sys/bus/pci/devices/[^/]+/(class|numa_node|local_cpulist)", relative)
+    if function is not None:
+        # a bad class: its node's counts; a bad node: its class's counts, and DRA devices placed by it
+        return Cost("sysfs", _names("numa_pci_device_count", "numa_device_allocated"))
     cpu = re.fullmatch(r"sys/devices/system/cpu/(online|cpu\d+/online)", relative)
     if cpu is not None:
         if cpu.group(1) != "online" and (sysfs / "devices/system/cpu/online").is_file():
@@ -234,6 +246,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
         kubelet.mkdir()
         files = [name for name in files_under(top, SWEPT)]
         found.append(Tree(name, top, _args(top, kubelet), sample(top, files, per_read_kind=2, unread=3)))
+    found.append(_devices_tree(base))
     # the largest machine (16 nodes, 1,024 CPUs), with fewer pods than the default to keep each run short
     large = write_large_node(base / "large", LargeNodeSpec(pods=50, cgroups=False))
     files = files_under(large.root, SWEPT)
@@ -246,6 +259,46 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
         )
     )
     return found
+
+
+def _devices_tree(base: Path) -> Tree:
+    """The captured H200 guest, with DRA claims in the kubelet's checkpoint: the GPU placed by the PCI address
+    in its name, a NIC through its CDI spec's character device; its PCI files, the checkpoint and the spec
+    are swept."""
+    import tarfile
+
+    with tarfile.open(Path(__file__).parent / "fixtures" / "machines" / "h200-vm.tar.bz2") as archive:
+        archive.extractall(base, filter="data")
+    top = base / "h200-vm"
+    add_char_device(top / "sys", "0000:00:03.0", 231, 64, "uverbs0")
+    cdi = top / "cdi"
+    nodes = [{"path": "/dev/infiniband/uverbs0", "type": "c", "major": 231, "minor": 64}]
+    write_cdi_spec(cdi, "example.com-nic.json", cdi_spec("example.com/nic", {"nic-0": nodes}))
+    kubelet = top / "kubelet"
+    kubelet.mkdir()
+    claims = [
+        DraClaim(
+            "gpu", "ml", (DraDevice("gpu.nvidia.com", "vm", "gpu-0000-00-06-0"),), "c1", frozenset({"p1"})
+        ),
+        DraClaim(
+            "nic",
+            "ml",
+            (DraDevice("net.example.com", "vm", "nic-0", ("example.com/nic=nic-0",)),),
+            "c2",
+            frozenset({"p2"}),
+        ),
+    ]
+    (kubelet / "dra_manager_state").write_bytes(dra_checkpoint_bytes(claims))
+    functions = files_under(top, ["sys/bus/pci/devices"])
+    # the placed devices' own files, and a sample of the others
+    placed = [
+        f"sys/bus/pci/devices/{address}/{name}"
+        for address in ("0000:00:06.0", "0000:00:03.0")
+        for name in ("class", "numa_node", "local_cpulist")
+    ]
+    files = [*placed, *sample(top, sorted(set(functions) - set(placed)), per_read_kind=1, unread=2)]
+    args = [*_args(top, kubelet), "--cdi-spec-dirs", str(cdi)]
+    return Tree("h200-devices", top, args, [*files, "kubelet/dra_manager_state", "cdi/example.com-nic.json"])
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:

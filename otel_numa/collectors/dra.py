@@ -3,7 +3,7 @@
 CDI spec directories are listed and parsed again only when one's stat signature changes (files are
 written by rename, which changes the directory); placements are worked out again only when the CDI
 devices, the PCI functions or the set of allocated devices change. A node with no PCI or DRA change
-pays one ``stat`` per CDI directory per round.
+pays one ``stat`` per CDI directory per round, like a checkpoint's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from otel_numa.sources.pci import function_numa
 
 RACY_LISTING_NS = 1_000_000_000
 CdiDevices = Mapping[str, tuple[CdiDeviceNode, ...]]
-_NOTHING: Mapping[DraDeviceKey, int] = {}
 Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA node per device, unknown)
 
 
@@ -75,11 +74,9 @@ class DraPlacer:
         """NUMA node per DRA device of ``state``, and the devices that cannot be placed this round (a CDI
         device no spec defines); the same objects while nothing changed."""
         devices = dra_devices(state)
-        if not devices:
-            return _NOTHING, frozenset()  # no DRA device: CDI specs are not even looked at
         errors: list[SourceError] = []
         with self._tracker.timed():
-            cdi = self._read_cdi(errors)
+            cdi = self._read_cdi(errors)  # one stat per directory while nothing changed
             inputs = (devices, cdi, pci, topology)
             if self._inputs is None or not all(
                 a is b or a == b for a, b in zip(inputs, self._inputs, strict=True)
@@ -117,11 +114,19 @@ class DraPlacer:
                     except SourceError as error:
                         errors.append(error)  # this device stays unplaced (-1); counted once per change
         numa_ids = [self._pci_numa(address, pci, topology) for address in addresses]
-        return device_numa(numa_ids) if numa_ids else NO_NUMA
+        if any(numa is None for numa in numa_ids):
+            return None
+        return device_numa(numa for numa in numa_ids if numa is not None) if numa_ids else NO_NUMA
 
-    def _pci_numa(self, address: str, pci: PciDevices, topology: Topology) -> int:
+    def _pci_numa(self, address: str, pci: PciDevices, topology: Topology) -> int | None:
+        """The function's node: from the PCI inventory, else read now; None when a file of the function is
+        bad (the machine read counts it) or no rule places it."""
         known = pci.numa_of(address)
         if known is not None:
             return known
         directory = self._sysfs_root / "bus" / "pci" / "devices" / address
-        return function_numa(str(directory), topology) if directory.exists() else NO_NUMA
+        if not directory.exists():
+            return NO_NUMA
+        errors: list[SourceError] = []
+        numa = function_numa(str(directory), topology, errors.append)
+        return None if errors else numa

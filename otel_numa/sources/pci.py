@@ -114,13 +114,13 @@ def _function_numa(directory: str, topology: Topology, on_error: ErrorSink | Non
     raise _Unknown
 
 
-def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int:
-    """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path): -1 when
-    no rule places it."""
+def function_numa(directory: str, topology: Topology, on_error: ErrorSink | None = None) -> int | None:
+    """The NUMA node of the PCI function in ``directory`` (a ``bus/pci/devices/<address>`` path), -1 when
+    its local CPUs lie on no one node; None when neither ``numa_node`` nor a local CPU file tells."""
     try:
         return _function_numa(directory, topology, on_error)
     except _Unknown:
-        return NO_NUMA
+        return None
 
 
 def _read_function(
