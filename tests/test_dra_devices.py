@@ -27,6 +27,7 @@ from otel_numa.testing.kubelet_scenario import (
     labels,
     series,
 )
+from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from otel_numa.testing.sysfs_tree import uniform_nodes
 
@@ -291,3 +292,44 @@ def test_a_cdi_device_no_spec_defines_leaves_its_drivers_numbers_absent(
     assert _container(INFER, "infer-0", "infer") not in aligned  # not known, so not 0 or 1
     assert aligned[_container(TRAIN, "train-0", "train")] == 1
     assert counted_errors(text) == {}
+
+
+def test_alignment_read_from_a_real_prometheus(
+    node: KubeletScenario, socket_dir: Path, tmp_path: Path
+) -> None:
+    """The agent as a process, scraped by Prometheus: the panel's query lists the container that is not
+    aligned, and a container whose GPU moves next to its CPUs turns aligned."""
+    with PodResourcesServer(socket_dir / "kubelet.sock") as server:
+        server.state.pods = podresources_pods()
+        args = node.cli_args(
+            "--podresources-socket",
+            str(server.socket_path),
+            "--cdi-spec-dirs",
+            str(tmp_path / "cdi"),
+            "--interval",
+            "1",
+            podresources=True,
+        )
+        with (
+            run_agent(args, tmp_path) as agent,
+            run_prometheus(tmp_path, [f"127.0.0.1:{agent.prometheus_port}"]) as prom,
+        ):
+            wait_for(lambda: len(prom.query("numa_container_aligned")) == 5, 40, "five containers' alignment")
+            unaligned = prom.series("numa_container_aligned == 0")
+            assert [dict(key)["k8s_container_name"] for key in unaligned] == ["infer"]
+            assert {
+                dict(key)["k8s_container_name"] for key in prom.series("numa_container_aligned == 1")
+            } == {
+                "train",
+                "net",
+                "sidecar",
+                "worker",
+            }
+            # the inference pod gets the GPU on node 0, where its CPU is
+            pods = podresources_pods()
+            del pods[1].containers[0].dynamic_resources[:]
+            pods[1].containers[0].dynamic_resources.append(_claim("gpu", GPU_BY_ADDRESS))
+            server.state.pods = pods
+            wait_for(lambda: not prom.query("numa_container_aligned == 0"), 40, "the container to be aligned")
+            pci = prom.series('sum by (numa_node_id) (numa_pci_device_count{pci_device_class="display"})')
+            assert pci == {frozenset({("numa_node_id", "0")}): 1.0, frozenset({("numa_node_id", "1")}): 1.0}
