@@ -108,6 +108,13 @@ def compute_allocation(
             for (uid, name), totals_ in sorted(containers.items())
         ),
     )
+    if state.cpu is None or state.memory is None or state.devices is None:
+        # a container's alignment needs all its pinned resources: with a checkpoint missing or rejected it
+        # is unknown (podresources, where it answers, gives the whole picture again)
+        allocation = replace(
+            allocation,
+            containers=tuple(replace(c, alignment_unknown=True) for c in allocation.containers),
+        )
     if state.podresources is not None:
         allocation = apply_podresources(allocation, state, topology)
     return replace(allocation, pods=pod_allocations(state, topology, live))

@@ -62,6 +62,11 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_cpuset_nodes": POD
     | {"numa_cpu_node_ids", "numa_memory_node_ids", "numa_locality_node_ids"},
     "numa_container_info": POD,
+    "numa_container_aligned": POD,
+    "numa_pci_device_count": NUMA | {"pci_device_class", "pci_function_kind"},
+    # pod-level resources: the pod's attributes, no container name
+    "numa_pod_cpu_allocated": (POD - {"k8s_container_name"}) | NUMA,
+    "numa_pod_memory_allocated_bytes": (POD - {"k8s_container_name"}) | NUMA,
     "numa_agent_source_errors_total": frozenset({"numa_source", "error_type"}),
     "numa_agent_source_age_seconds": frozenset({"numa_source"}),
 }

@@ -10,6 +10,7 @@ import pytest
 
 from otel_numa.model import DraClaim, DraDevice
 from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.testing.checkpoints import write_cpu_manager_state
 from otel_numa.testing.device_tree import (
     add_char_device,
     add_iommu_group,
@@ -129,6 +130,11 @@ def podresources_pods() -> list[pb.PodResources]:
             name="pooled-0",
             namespace="ml",
             cpu_ids=[4, 5, 6, 7],
+            memory=[
+                pb.ContainerMemory(
+                    memory_type="memory", size=2 << 30, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)])
+                )
+            ],
             containers=[pb.ContainerResources(name="worker", cpu_ids=[4, 5])],
         ),
     ]
@@ -233,6 +239,7 @@ def test_pod_level_cpus_are_counted_once(node: KubeletScenario, socket_dir: Path
     assert series(text, "numa_cpu_allocated") == {labels(numa_node_id=0): 3, labels(numa_node_id=1): 4}
     pod = labels(k8s_pod_uid=POOLED, k8s_pod_name="pooled-0", k8s_namespace_name="ml")
     assert series(text, "numa_pod_cpu_allocated") == {pod | labels(numa_node_id=1): 4}
+    assert series(text, "numa_pod_memory_allocated_bytes") == {pod | labels(numa_node_id=1): 2 << 30}
     assert (
         series(text, "numa_container_cpu_allocated")[_container(POOLED, "pooled-0", "worker", numa_node_id=1)]
         == 2
@@ -333,3 +340,25 @@ def test_alignment_read_from_a_real_prometheus(
             wait_for(lambda: not prom.query("numa_container_aligned == 0"), 40, "the container to be aligned")
             pci = prom.series('sum by (numa_node_id) (numa_pci_device_count{pci_device_class="display"})')
             assert pci == {frozenset({("numa_node_id", "0")}): 1.0, frozenset({("numa_node_id", "1")}): 1.0}
+
+
+def test_pod_level_cpus_from_the_checkpoints_pod_entries_are_counted_once(node: KubeletScenario) -> None:
+    write_cpu_manager_state(
+        node.cpu_manager_path,
+        "static",
+        {0, 1, 2, 3},
+        {POOLED: {"worker": {4, 5}}},
+        pod_entries={POOLED: {4, 5, 6, 7}},
+        layout="v3",
+    )
+    text = node.exposition(compat="numainfo")
+    assert series(text, "numa_cpu_allocated") == {labels(numa_node_id=0): 0, labels(numa_node_id=1): 4}
+    pod = labels(k8s_pod_uid=POOLED, k8s_pod_name="pooled-0", k8s_namespace_name="ml")
+    assert series(text, "numa_pod_cpu_allocated") == {pod | labels(numa_node_id=1): 4}
+    # numainfo_exporter's view counts each exclusive CPU once too
+    allocation = {
+        dict(key)["numanode"]: value
+        for key, value in series(text, "numainfo_core_count").items()
+        if ("type", "allocation") in key
+    }
+    assert allocation == {"node00": 0, "node01": 4}

@@ -121,7 +121,8 @@ def cost_of(tree: Path, relative: str) -> Cost:
     }
     if relative in kubelet:
         source, series = kubelet[relative]
-        return Cost(source, _names(*series))
+        # a container's alignment depends on every checkpoint that pins something
+        return Cost(source, _names(*series, "numa_container_aligned"))
     if relative == "kubelet/dra_manager_state":
         return Cost("dra_manager", _names("numa_device_allocated", "numa_container_device_allocated"))
     if relative.startswith("cdi/"):  # its devices' placement, so their drivers' device numbers
