@@ -26,9 +26,6 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.model import DraClaim, DraDevice
-from otel_numa.testing.device_tree import add_char_device, cdi_spec, write_cdi_spec
-from otel_numa.testing.dra_checkpoint import dra_checkpoint_bytes
 from otel_numa.testing.fault_sweep import (
     SWEEP_SUMMARY,
     VARIANTS,
@@ -41,6 +38,7 @@ from otel_numa.testing.fault_sweep import (
     parse,
     pick,
     run_once,
+    write_devices_tree,
 )
 from otel_numa.testing.hwloc import extract_snapshot, snapshot_names
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
@@ -263,43 +261,13 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
 
 
 def _devices_tree(base: Path) -> Tree:
-    """The captured H200 guest, with DRA claims in the kubelet's checkpoint: the GPU placed by the PCI address
-    in its name, a NIC through its CDI spec's character device; its PCI files, the checkpoint and the spec
-    are swept."""
-    import tarfile
-
-    with tarfile.open(Path(__file__).parent / "fixtures" / "machines" / "h200-vm.tar.bz2") as archive:
-        archive.extractall(base, filter="data")
-    top = base / "h200-vm"
-    add_char_device(top / "sys", "0000:00:03.0", 231, 64, "uverbs0")
-    cdi = top / "cdi"
-    nodes = [{"path": "/dev/infiniband/uverbs0", "type": "c", "major": 231, "minor": 64}]
-    write_cdi_spec(cdi, "example.com-nic.json", cdi_spec("example.com/nic", {"nic-0": nodes}))
-    kubelet = top / "kubelet"
-    kubelet.mkdir()
-    claims = [
-        DraClaim(
-            "gpu", "ml", (DraDevice("gpu.nvidia.com", "vm", "gpu-0000-00-06-0"),), "c1", frozenset({"p1"})
-        ),
-        DraClaim(
-            "nic",
-            "ml",
-            (DraDevice("net.example.com", "vm", "nic-0", ("example.com/nic=nic-0",)),),
-            "c2",
-            frozenset({"p2"}),
-        ),
-    ]
-    (kubelet / "dra_manager_state").write_bytes(dra_checkpoint_bytes(claims))
-    functions = files_under(top, ["sys/bus/pci/devices"])
-    # the placed devices' own files, and a sample of the others
-    placed = [
-        f"sys/bus/pci/devices/{address}/{name}"
-        for address in ("0000:00:06.0", "0000:00:03.0")
-        for name in ("class", "numa_node", "local_cpulist")
-    ]
-    files = [*placed, *sample(top, sorted(set(functions) - set(placed)), per_read_kind=1, unread=2)]
-    args = [*_args(top, kubelet), "--cdi-spec-dirs", str(cdi)]
-    return Tree("h200-devices", top, args, [*files, "kubelet/dra_manager_state", "cdi/example.com-nic.json"])
+    """The captured H200 guest with DRA claims (:func:`write_devices_tree`): the placed devices' own PCI
+    files, a sample of the others, the DRA checkpoint and the CDI spec are swept."""
+    tree = write_devices_tree(base, Path(__file__).parent / "fixtures" / "machines" / "h200-vm.tar.bz2")
+    functions = files_under(tree.top, ["sys/bus/pci/devices"])
+    others = sample(tree.top, sorted(set(functions) - set(tree.placed_files)), per_read_kind=1, unread=2)
+    args = [*_args(tree.top, tree.kubelet), "--cdi-spec-dirs", str(tree.cdi)]
+    return Tree("h200-devices", tree.top, args, [*tree.placed_files, *others, *tree.state_files])
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:
