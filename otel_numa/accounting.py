@@ -386,6 +386,6 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
         hugepages_allocated=allocation.hugepages_allocated,
         device_capacity=allocation.device_capacity,
         device_allocated=dra_totals(device_counts(device_groups), joined.all_pods, state, live),
-        containers=add_dra_devices(containers, joined, state, topology),
+        containers=add_dra_devices(containers, joined, state),
         disagreements=disagreements,
     )

@@ -72,7 +72,7 @@ def dra_totals(
         total_key = (_numa(state, device), key[0])
         totals[total_key] = totals.get(total_key, 0) + 1
     # a driver with a device that cannot be placed this round: its totals are unknown, not wrong
-    unknown = {driver for driver, _pool, _device in state.dra_unknown if (driver, _pool, _device) in devices}
+    unknown = {driver for driver, *_ in state.dra_unknown & devices.keys()}
     return {key: count for key, count in totals.items() if key[1] not in unknown} if unknown else totals
 
 
@@ -80,7 +80,6 @@ def add_dra_devices(
     containers: tuple[ContainerAllocation, ...],
     joined: JoinedPodResources,
     state: KubeletState,
-    topology: Topology,
 ) -> tuple[ContainerAllocation, ...]:
     """The containers with the DRA devices podresources lists for them: 1 per device per container."""
     by_key = {(c.container.pod_uid, c.container.container_name): c for c in containers}
