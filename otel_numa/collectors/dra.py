@@ -27,7 +27,7 @@ Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA 
 
 
 def dra_devices(state: KubeletState) -> tuple[DraDevice, ...]:
-    """Every DRA device the kubelet state names: podresources' claims, else the checkpoint's."""
+    """Every DRA device the kubelet state names, in podresources' claims and in the checkpoint's."""
     found: dict[DraDeviceKey, DraDevice] = {}
     if state.podresources is not None:
         for pod in state.podresources.all_pods:
@@ -103,7 +103,8 @@ class DraPlacer:
     ) -> int | None:
         """By a PCI address in the device's name, else by its CDI device nodes; else -1. None when a CDI
         device it names is in no spec (removed, or its spec rejected): its node cannot be told."""
-        addresses = list(addresses_in_name(device.device))
+        # an address in the name counts only if the machine has that function (else it is a coincidence)
+        addresses = [a for a in addresses_in_name(device.device) if self._has_function(a, pci)]
         if not addresses:
             if any(name not in cdi for name in device.cdi_devices):
                 return None
@@ -117,6 +118,9 @@ class DraPlacer:
         if any(numa is None for numa in numa_ids):
             return None
         return device_numa(numa for numa in numa_ids if numa is not None) if numa_ids else NO_NUMA
+
+    def _has_function(self, address: str, pci: PciDevices) -> bool:
+        return address in pci.functions or (self._sysfs_root / "bus" / "pci" / "devices" / address).exists()
 
     def _pci_numa(self, address: str, pci: PciDevices, topology: Topology) -> int | None:
         """The function's node: from the PCI inventory, else read now; None when a file of the function is

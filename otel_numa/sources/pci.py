@@ -4,8 +4,10 @@ A function's NUMA node is its ``numa_node`` when that is >= 0; else the one NUMA
 of its local CPUs (``local_cpulist``, else the ``local_cpus`` mask), online CPUs only; else -1. Without
 NUMA the one synthetic node 0 holds every CPU, so every function is on node 0.
 
-Each function is judged on its own: a ``class`` file that is unreadable or holds garbage costs only that
-function (reported to the error sink); a bad ``numa_node`` or CPU list falls through to the next rule.
+Each function is judged on its own and a bad file (reported to the error sink) never yields a guess: a
+function whose ``class`` is unusable leaves out the counts of its NUMA node, one whose ``numa_node`` or
+local CPU list is unusable (or that has no local CPU file at all) leaves out the counts of its class and
+kind. Such counts are absent, never one short.
 """
 
 from __future__ import annotations
