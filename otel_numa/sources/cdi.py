@@ -46,12 +46,19 @@ class CdiDeviceNode:
 
 
 def _spec_document(data: bytes, path: Path) -> Any:
+    """The file's document; SourceCorrupt (``parse_error``) when it is not JSON or YAML."""
     if path.suffix == ".json":
-        return json.loads(data)
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+            raise SourceCorrupt(f"{path}: not JSON: {exc}", error_type="parse_error") from exc
     # Only nodes with YAML specs pay for the YAML parser.
     import yaml
 
-    return yaml.safe_load(data)
+    try:
+        return yaml.safe_load(data)
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise SourceCorrupt(f"{path}: not YAML: {exc}", error_type="parse_error") from exc
 
 
 def _device_nodes(edits: Any, where: str) -> tuple[CdiDeviceNode, ...]:
@@ -85,12 +92,7 @@ def _device_nodes(edits: Any, where: str) -> tuple[CdiDeviceNode, ...]:
 
 def parse_cdi_spec(data: bytes, path: Path) -> dict[str, tuple[CdiDeviceNode, ...]]:
     """Fully qualified CDI device name -> its own device nodes; SourceCorrupt for a file that is no spec."""
-    try:
-        document = _spec_document(data, path)
-    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
-        raise SourceCorrupt(f"{path}: not JSON: {exc}", error_type="parse_error") from exc
-    except Exception as exc:  # yaml.YAMLError, without importing yaml to name it
-        raise SourceCorrupt(f"{path}: not YAML: {exc}", error_type="parse_error") from exc
+    document = _spec_document(data, path)
     if not isinstance(document, dict):
         raise SourceCorrupt(f"{path}: not a CDI spec (no mapping at the top)", error_type="invalid_spec")
     kind = document.get("kind")
