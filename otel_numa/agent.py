@@ -49,7 +49,7 @@ class Agent:
         # places DRA devices on NUMA nodes; only when a metric counts devices
         self._dra = (
             DraPlacer(options.kubelet.cdi_spec_dirs, machine.sysfs_root, machine.procfs_root, self.sources)
-            if options.kubelet is not None and options.kubelet.cdi_spec_dirs
+            if options.kubelet is not None and options.kubelet.place_dra_devices
             else None
         )
         # podresources and the runtime: refreshed by the scheduler, only read by snapshot builds

@@ -34,7 +34,8 @@ class KubeletOptions:
     pod_logs_root: Path
     reserved_cpus: frozenset[int] | None
     checkpoints: frozenset[str]  # numa.source names of the checkpoints to read
-    cdi_spec_dirs: tuple[Path, ...] = ()  # read to place DRA devices; () when no metric needs them
+    place_dra_devices: bool = False  # whether an enabled metric needs DRA devices placed on NUMA nodes
+    cdi_spec_dirs: tuple[Path, ...] = ()  # read to place them
 
 
 @dataclass(frozen=True, slots=True)

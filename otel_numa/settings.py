@@ -304,7 +304,8 @@ class Settings(BaseSettings):
                     self.pod_logs_root,
                     self.reserved_cpus,
                     frozenset(str(source) for source in checkpoints),
-                    self.cdi_spec_dirs if Source.CDI in sources else (),
+                    place_dra_devices=Source.CDI in sources,
+                    cdi_spec_dirs=self.cdi_spec_dirs if Source.CDI in sources else (),
                 )
                 if checkpoints or Source.PODRESOURCES in sources
                 else None

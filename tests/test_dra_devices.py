@@ -362,3 +362,11 @@ def test_pod_level_cpus_from_the_checkpoints_pod_entries_are_counted_once(node: 
         if ("type", "allocation") in key
     }
     assert allocation == {"node00": 0, "node01": 4}
+
+
+def test_without_cdi_directories_names_still_place_devices(node: KubeletScenario) -> None:
+    (node.kubelet_root / "dra_manager_state").write_bytes(dra_checkpoint_bytes(checkpoint_claims()))
+    totals = series(node.exposition(cdi_spec_dirs=""), "numa_device_allocated")
+    assert totals[labels(numa_node_id=0, numa_resource_name="gpu.example.com")] == 1  # by its name
+    # the CDI devices no spec defines: their drivers' numbers are not known
+    assert not any(("numa_resource_name", NVIDIA) in key for key in totals)
