@@ -579,7 +579,7 @@ def _attributes_cell(spec: MetricSpec) -> str:
     shown = [a for a in spec.attributes if a not in (NUMA_ID, *POD_CONTAINER)]
     parts = []
     if set(POD_CONTAINER) & set(spec.attributes):
-        parts.append("pod/container")
+        parts.append("pod/container" if "k8s.container.name" in spec.attributes else "pod")
     if NUMA_ID in spec.attributes:
         parts.insert(0, "`numa.node.id`")
     parts.extend(f"`{a}`" for a in shown)
