@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import tarfile
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from otel_numa.model import PciDevices
 from otel_numa.sources import pci
@@ -14,6 +18,22 @@ from otel_numa.testing.kubelet_scenario import build_scenario, counted_errors, l
 from otel_numa.testing.sysfs_tree import uniform_nodes
 
 MACHINES = Path(__file__).resolve().parent / "fixtures" / "machines"
+HWLOC_PCI = Path(__file__).resolve().parent / "fixtures" / "hwloc-pci"
+# Functions whose placement hwloc's rules give differently (see the README beside the snapshots): a
+# numa_node that the local CPUs do not confirm, and 32-bit PCI domains that Debian's hwloc skips.
+HWLOC_DIFFERS: dict[str, dict[str, int | None]] = {
+    "40intel64-2g2n4c+pcilocality": {"0000:43:00.0": -1},  # numa_node 2, every CPU local
+    "2pa-pcidomain32bits": {"10000:00:00.0": None, "10000:00:04.0": None},  # not seen by hwloc
+}
+# PCI functions the agent counts on each snapshot (bridges left out)
+HWLOC_PCI_EXPECTED_TOTALS = {
+    "32em64t-2n8c+dax+nvme+mic+dimms": 126,
+    "40intel64-2g2n4c+pcilocality": 21,
+    "40intel64-4n10c+pci-conflicts": 1,
+    "2pa-pcidomain32bits": 5,
+    "fakepcilocalities": 12,
+    "nvidiagpunumanodes": 6,
+}
 
 
 def _by_class(devices: PciDevices) -> dict[tuple[int, int], int]:
@@ -32,8 +52,6 @@ def _read(sysfs: Path, procfs: Path) -> PciDevices:
 
 
 def test_the_h200_guest_matches_lstopo_and_places_numa_node_minus_one_by_its_cpus(tmp_path: Path) -> None:
-    import tarfile
-
     with tarfile.open(MACHINES / "h200-vm.tar.bz2") as archive:
         archive.extractall(tmp_path, filter="data")
     root = tmp_path / "h200-vm"
@@ -47,6 +65,45 @@ def test_the_h200_guest_matches_lstopo_and_places_numa_node_minus_one_by_its_cpu
         (0, "other", "physical"): 2,
     }
     assert _by_class(devices) == lstopo_pci_counts(root)
+
+
+@pytest.mark.parametrize("name", sorted(HWLOC_PCI_EXPECTED_TOTALS))
+def test_hwloc_snapshots_with_pci_devices_match_lstopo(tmp_path: Path, name: str) -> None:
+    with tarfile.open(HWLOC_PCI / f"{name}.tar.bz2") as archive:
+        archive.extractall(tmp_path, filter="data")
+    (root,) = tmp_path.iterdir()
+    devices = _read(root / "sys", root / "proc")
+    assert sum(devices.counts.values()) == HWLOC_PCI_EXPECTED_TOTALS[name]
+    # hwloc's answer, with the functions its rules place differently put where they put them
+    differs = HWLOC_DIFFERS.get(name, {})
+    as_hwloc_places = {}
+    for address, function in devices.functions.items():
+        if address not in differs:
+            as_hwloc_places[address] = function
+        elif (numa := differs[address]) is not None:
+            as_hwloc_places[address] = replace(function, numa_node=numa)
+    assert _by_class(PciDevices(as_hwloc_places)) == lstopo_pci_counts(root)
+    assert set(differs) <= set(devices.functions)  # the agent counts them, by its own rule
+
+
+def test_the_rule_on_the_snapshots_special_cases(tmp_path: Path) -> None:
+    with tarfile.open(HWLOC_PCI / "40intel64-2g2n4c+pcilocality.tar.bz2") as archive:
+        archive.extractall(tmp_path, filter="data")
+    (root,) = tmp_path.iterdir()
+    functions = _read(root / "sys", root / "proc").functions
+    assert functions["0000:43:00.0"].numa_node == 2  # numa_node wins over local CPUs spanning all nodes
+    assert functions["0000:00:1a.0"].numa_node == -1  # numa_node -1, every CPU local: no one node
+
+
+def test_gpus_with_local_cpus_only_are_placed_by_them(tmp_path: Path) -> None:
+    with tarfile.open(HWLOC_PCI / "nvidiagpunumanodes.tar.bz2") as archive:
+        archive.extractall(tmp_path, filter="data")
+    (root,) = tmp_path.iterdir()
+    assert not list((root / "sys/bus/pci/devices").glob("*/numa_node"))
+    assert _read(root / "sys", root / "proc").counts == {
+        (0, "display", "physical"): 3,
+        (8, "display", "physical"): 3,
+    }
 
 
 def test_this_machine_matches_lstopo() -> None:
