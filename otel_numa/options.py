@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time"]
+MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time", "pci"]
 EnrichMode = Literal["info", "attributes"]
 Address = tuple[str, int]
 
@@ -34,6 +34,8 @@ class KubeletOptions:
     pod_logs_root: Path
     reserved_cpus: frozenset[int] | None
     checkpoints: frozenset[str]  # numa.source names of the checkpoints to read
+    place_dra_devices: bool = False  # whether an enabled metric needs DRA devices placed on NUMA nodes
+    cdi_spec_dirs: tuple[Path, ...] = ()  # read to place them
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from otel_numa.accounting.dra import (
+    add_dra_devices,
+    dra_totals,
+    pod_allocations,
+    with_pinned_nodes,
+)
 from otel_numa.model import (
     NO_NUMA,
     Allocation,
@@ -90,6 +96,9 @@ def compute_allocation(
     memory = _memory_allocation(state, live, totals)
     device_allocated = _device_allocated(state, live, totals)
 
+    if state.podresources is None and state.dra is not None:
+        # the checkpoint names pods, not containers: DRA devices count in the per-NUMA totals only
+        device_allocated = dra_totals(device_allocated or {}, (), state, live)
     allocation = Allocation(
         cpu_allocatable=_cpu_allocatable(state, topology, reserved_cpus),
         cpu_allocated=cpu_allocated,
@@ -104,7 +113,16 @@ def compute_allocation(
             for (uid, name), totals_ in sorted(containers.items())
         ),
     )
-    return allocation if state.podresources is None else apply_podresources(allocation, state, topology)
+    if state.cpu is None or state.memory is None or state.devices is None:
+        # a container's alignment needs all its pinned resources: with a checkpoint missing or rejected it
+        # is unknown (podresources, where it answers, gives the whole picture again)
+        allocation = replace(
+            allocation,
+            containers=tuple(replace(c, alignment_unknown=True) for c in allocation.containers),
+        )
+    if state.podresources is not None:
+        allocation = apply_podresources(allocation, state, topology)
+    return replace(allocation, pods=pod_allocations(state, topology, live))
 
 
 @dataclass
@@ -113,9 +131,11 @@ class _ContainerTotals:
     memory: dict[int, int] = field(default_factory=dict)
     hugepages: dict[HugepageKey, int] = field(default_factory=dict)
     devices: dict[DeviceKey, int] = field(default_factory=dict)
+    memory_nodes: set[int] = field(default_factory=set)  # every node of its memory blocks' affinities
 
     def freeze(self, ref: ContainerRef) -> ContainerAllocation:
-        return ContainerAllocation(ref, self.cpus, self.memory, self.hugepages, self.devices)
+        found = ContainerAllocation(ref, self.cpus, self.memory, self.hugepages, self.devices)
+        return with_pinned_nodes(found, self.memory_nodes)
 
 
 def _container_ref(uid: str, name: str, pod_names: Mapping[str, tuple[str, str]]) -> ContainerRef:
@@ -185,6 +205,7 @@ def _memory_allocation(
         for container, blocks in by_container.items():
             container_totals = totals(uid, container)
             for block in blocks:
+                container_totals.memory_nodes.update(block.numa_affinity)
                 # a block spanning several nodes is put whole on the lowest one
                 numa = min(block.numa_affinity) if block.numa_affinity else NO_NUMA
                 if block.resource == "memory":
@@ -251,12 +272,9 @@ def with_podresources(
     allocatable = joined.allocatable
     cpus = allocatable.cpu_ids if allocatable is not None and allocatable.cpu_ids else None
     devices = device_counts(allocatable.devices) if allocatable is not None else None
-    return KubeletState(
-        cpu=state.cpu,
-        memory=state.memory,
-        devices=state.devices,
+    return replace(
+        state,
         live_pods=live_pods,
-        pod_names=state.pod_names,
         allocatable_cpus=cpus if cpus is not None else state.allocatable_cpus,
         allocatable_devices=devices if devices is not None else state.allocatable_devices,
         podresources=joined,
@@ -282,7 +300,10 @@ def _container_from_api(
             memory[numa] = memory.get(numa, 0) + block.size
         elif block.memory_type.startswith(_HUGEPAGES_PREFIX):
             hugepages[(numa, kind)] = hugepages.get((numa, kind), 0) + block.size
-    return ContainerAllocation(ref, cpus, memory, hugepages, device_counts(container.devices))
+    spans = [numa for block in container.memory for numa in block.numa_ids]
+    return with_pinned_nodes(
+        ContainerAllocation(ref, cpus, memory, hugepages, device_counts(container.devices)), spans
+    )
 
 
 def _has_any(allocation: ContainerAllocation) -> bool:
@@ -346,6 +367,7 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
                     numa_ids = (numa,) if numa >= 0 else ()
                     device_groups.append(ContainerDevices(entry.resource_name, device_ids, numa_ids))
     for pod in joined.all_pods:
+        exclusive |= pod.cpu_ids  # the pod-level pool holds its containers' CPUs: a union counts each once
         for container in pod.containers:
             exclusive |= container.cpu_ids
             device_groups.extend(container.devices)
@@ -369,7 +391,7 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
         hugepages_allocatable=hugepages_allocatable,
         hugepages_allocated=allocation.hugepages_allocated,
         device_capacity=allocation.device_capacity,
-        device_allocated=device_counts(device_groups),
-        containers=containers,
+        device_allocated=dra_totals(device_counts(device_groups), joined.all_pods, state, live),
+        containers=add_dra_devices(containers, joined, state),
         disagreements=disagreements,
     )

@@ -95,6 +95,8 @@ class Settings(BaseSettings):
     """cgroup mount, for per-container NUMA usage."""
     container_logs_root: Path = Path("/var/log/containers")
     """Directory whose <pod>_<namespace>_<container>-<id>.log links name the containers."""
+    cdi_spec_dirs: Annotated[tuple[Path, ...], NoDecode] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+    """CDI spec directories (comma list), read to place DRA-allocated devices on NUMA nodes."""
     node_name: str = Field(
         default_factory=socket.gethostname,
         validation_alias=AliasChoices("OTEL_NUMA_NODE_NAME", "NODE_NAME"),
@@ -163,6 +165,11 @@ class Settings(BaseSettings):
         if isinstance(items, list) and not items:
             raise ValueError("at least one exporter is needed")
         return tuple(dict.fromkeys(items)) if isinstance(items, list) else items
+
+    @field_validator("cdi_spec_dirs", mode="before")
+    @classmethod
+    def _cdi_dirs(cls, value: Any) -> Any:
+        return _split_list(value)
 
     @field_validator("disable", mode="before")
     @classmethod
@@ -303,7 +310,12 @@ class Settings(BaseSettings):
         ]
         names = {spec.name for spec in metrics}
         sources = catalogue.sources_of(metrics)
-        checkpoints = sources & {Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER}
+        checkpoints = sources & {
+            Source.CPU_MANAGER,
+            Source.MEMORY_MANAGER,
+            Source.DEVICE_MANAGER,
+            Source.DRA_MANAGER,
+        }
         socket = self.podresources_socket_path
         per_container = any(spec.group in PER_CONTAINER_GROUPS for spec in metrics)
         # info mode needs the runtime for numa.container.info, attributes mode for any per-container series
@@ -325,6 +337,8 @@ class Settings(BaseSettings):
                     self.pod_logs_root,
                     self.reserved_cpus,
                     frozenset(str(source) for source in checkpoints),
+                    place_dra_devices=Source.CDI in sources,
+                    cdi_spec_dirs=self.cdi_spec_dirs if Source.CDI in sources else (),
                 )
                 if checkpoints or Source.PODRESOURCES in sources
                 else None
@@ -377,6 +391,7 @@ MACHINE_PARTS: tuple[tuple[str, MachinePart], ...] = (
     ("numa.hugepages.free", "hugepages"),
     ("numa.memory.page.allocations", "numastat"),
     ("numa.cpu.time", "cpu_time"),
+    ("numa.pci.device.count", "pci"),
 )
 
 
@@ -417,6 +432,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("reserved-cpus", "reserved_cpus", "LIST"),
     Flag("cgroup-root", "cgroup_root", "DIR"),
     Flag("container-logs-root", "container_logs_root", "DIR"),
+    Flag("cdi-spec-dirs", "cdi_spec_dirs", "DIRS"),
     Flag("node-name", "node_name", "NAME"),
     Flag("exporter", "exporters", "NAME", repeatable=True),
     Flag("prometheus-address", "prometheus_address", "HOST:PORT"),

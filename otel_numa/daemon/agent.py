@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -25,6 +26,7 @@ from otel_numa.options import AgentOptions
 from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.snapshot.collectors.background import BackgroundSources
 from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.snapshot.collectors.dra import DraPlacer
 from otel_numa.snapshot.collectors.kubelet import KubeletCollector
 from otel_numa.snapshot.collectors.machine import MachineCollector
 from otel_numa.snapshot.memo import LastResult
@@ -60,6 +62,12 @@ class Agent:
             machine.sysfs_root, machine.procfs_root, self.sources, parts=machine.parts
         )
         self._kubelet = KubeletCollector(options.kubelet, self.sources) if options.kubelet else None
+        # places DRA devices on NUMA nodes; only when a metric counts devices
+        self._dra = (
+            DraPlacer(options.kubelet.cdi_spec_dirs, machine.sysfs_root, machine.procfs_root, self.sources)
+            if options.kubelet is not None and options.kubelet.place_dra_devices
+            else None
+        )
         # podresources and the runtime: refreshed by the scheduler, only read by snapshot builds
         self.background = BackgroundSources(options.podresources, options.runtime, self.sources)
         self._cgroups: CgroupCollector | None = None
@@ -155,6 +163,10 @@ class Agent:
         kubelet = self.background.merge(self._kubelet.collect())
         if machine is None:  # no topology yet: nothing can be put on a NUMA node
             return kubelet, Allocation()
+        if self._dra is not None:
+            placed, unknown = self._dra.place(kubelet, machine.pci, machine.topology)
+            if placed or unknown:
+                kubelet = replace(kubelet, dra_numa=placed, dra_unknown=unknown)
         reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None
         allocation = self._allocation.get(
             (machine.topology, kubelet), lambda: compute_allocation(kubelet, machine.topology, reserved)

@@ -55,10 +55,13 @@ class Source(enum.StrEnum):
     PODRESOURCES = "podresources"
     CRI = "cri"
     CGROUP = "cgroup"
+    DRA_MANAGER = "dra_manager"
+    CDI = "cdi"
 
 
 KUBELET_STATE = (Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER, Source.PODRESOURCES)
 POD_CONTAINER = ("k8s.pod.uid", "k8s.container.name", "k8s.pod.name", "k8s.namespace.name")
+_POD = ("k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name")
 NUMA_ID = "numa.node.id"
 
 # OTel unit -> the suffix the OTel Prometheus exporter appends ("{...}" annotations and "1" add none)
@@ -276,10 +279,12 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "{device}",
         G.ALLOCATION,
-        [S.DEVICE_MANAGER, S.PODRESOURCES],
+        [S.DEVICE_MANAGER, S.PODRESOURCES, S.DRA_MANAGER, S.CDI],
         "Devices allocated to live containers per NUMA node and resource.",
         attributes=(NUMA_ID, "numa.resource.name"),
-        meaning="devices of live containers (device checkpoint or podresources)",
+        meaning="devices of live containers (device checkpoint or podresources), and DRA devices "
+        "(podresources `dynamic_resources`, else `dra_manager_state`) under their driver's name, placed by "
+        "PCI address or CDI device node, else -1; a device shared by several containers counts once",
     ),
     # allocation per container ------------------------------------------------------------------------
     _m(
@@ -317,10 +322,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "{device}",
         G.CONTAINERS,
-        [S.DEVICE_MANAGER, S.PODRESOURCES],
+        [S.DEVICE_MANAGER, S.PODRESOURCES, S.DRA_MANAGER, S.CDI],
         "Devices allocated to the container on the NUMA node.",
         attributes=(*_CONTAINER_NUMA, "numa.resource.name"),
-        meaning="devices of the container",
+        meaning="devices of the container, DRA devices included; a device shared with other containers "
+        "counts 1 for each of them",
     ),
     _m(
         "numa.container.info",
@@ -531,6 +537,53 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=("version", "revision", "branch", "goversion", "kubeversion"),
         meaning="always 1",
     ),
+    # PCI locality, pod-level resources and alignment ----------------------------------------------------
+    _m(
+        "numa.pci.device.count",
+        "updown",
+        "{device}",
+        G.TOPOLOGY,
+        [S.SYSFS],
+        "PCI functions of the NUMA node by base class and kind (bridges left out).",
+        attributes=(NUMA_ID, "pci.device.class", "pci.function.kind"),
+        meaning="sysfs `bus/pci/devices`, read with the topology: `numa_node`, else the one node holding the "
+        "function's `local_cpulist`, else -1; `pci.device.class` from the base class (`network`, `display`, "
+        "`processing_accelerator`, ...), `pci.function.kind` = `physical` or `virtual` (SR-IOV VF)",
+    ),
+    _m(
+        "numa.pod.cpu.allocated",
+        "updown",
+        "{cpu}",
+        G.CONTAINERS,
+        [S.SYSFS, *KUBELET_STATE],
+        "Exclusive CPUs assigned to the pod as a whole on the NUMA node (pod-level resources).",
+        attributes=(*_POD, NUMA_ID),
+        meaning="the pod-level exclusive CPU pool (podresources `PodResources.cpu_ids`, cpu manager "
+        "`podEntries`); its containers' exclusive CPUs lie inside it, so do not add the two",
+    ),
+    _m(
+        "numa.pod.memory.allocated",
+        "updown",
+        "By",
+        G.CONTAINERS,
+        [S.MEMORY_MANAGER, S.PODRESOURCES],
+        "Memory the memory manager reserved for the pod as a whole on the NUMA node (pod-level resources).",
+        attributes=(*_POD, NUMA_ID),
+        meaning="pod-level memory manager blocks (podresources `PodResources.memory`, memory manager "
+        "`podEntries`); they overlap the containers' blocks",
+    ),
+    _m(
+        "numa.container.aligned",
+        "gauge",
+        "1",
+        G.CONTAINERS,
+        [S.SYSFS, *KUBELET_STATE, S.DRA_MANAGER, S.CDI],
+        "1 when the container's NUMA-pinned resources lie on one NUMA node, 0 when they span several.",
+        attributes=POD_CONTAINER,
+        meaning="1 when every NUMA-pinned resource of the container (exclusive CPUs, memory manager blocks, "
+        "devices and DRA devices with a known node) lies on one NUMA node, 0 when they span several; absent "
+        "for a container with none; no NUMA id",
+    ),
 )
 
 BY_NAME = {spec.name: spec for spec in METRICS}
@@ -583,7 +636,7 @@ def _attributes_cell(spec: MetricSpec) -> str:
     shown = [a for a in spec.attributes if a not in (NUMA_ID, *POD_CONTAINER)]
     parts = []
     if set(POD_CONTAINER) & set(spec.attributes):
-        parts.append("pod/container")
+        parts.append("pod/container" if "k8s.container.name" in spec.attributes else "pod")
     if NUMA_ID in spec.attributes:
         parts.insert(0, "`numa.node.id`")
     parts.extend(f"`{a}`" for a in shown)

@@ -104,13 +104,23 @@ def test_a_real_scrape_shows_exactly_the_catalogues_metrics(
 ) -> None:
     """Every group on, compat on, runtime enrichment on: the demo node's page has every catalogue metric
     and nothing else."""
-    sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
+    machine, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
+    sysfs = tmp_path / "sys"
+    shutil.copytree(machine, sysfs, symlinks=True)
+    nic = sysfs / "bus/pci/devices/0000:3b:00.0"  # the snapshot has no PCI bus: one NIC on node 1
+    nic.mkdir(parents=True)
+    (nic / "class").write_text("0x020000\n")
+    (nic / "numa_node").write_text("1\n")
+    state = demo_podresources_state()
+    pod = state.pods[1]  # matcher-0 with pod-level resources: its containers' CPUs and memory
+    pod.cpu_ids.extend(cpu for container in pod.containers for cpu in container.cpu_ids)
+    pod.memory.extend(block for container in pod.containers for block in container.memory)
     demo = tmp_path / "demo"
     shutil.copytree(DEMO, demo, symlinks=True)
     cri_dir = short_socket_dir()
     try:
         with (
-            PodResourcesServer(state=demo_podresources_state()) as server,
+            PodResourcesServer(state=state) as server,
             CriServer(cri_dir / "containerd.sock") as runtime,
         ):
             one_running_container(

@@ -17,6 +17,7 @@ import pytest
 from otel_numa.model import HugepagePool
 from otel_numa.snapshot.collectors.machine import ALL_MACHINE_PARTS, MachineCollector
 from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.testing.device_tree import add_pci_function
 from otel_numa.testing.fault_sweep import VARIANTS, Exposition, damage, parse, run_once
 from otel_numa.testing.hwloc import extract_snapshot, hwloc_topology
 from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
@@ -208,15 +209,17 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_parts_not_asked_for_are_never_opened(tmp_path: Path, opened: list[str]) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
+    add_pci_function(sysfs_root, "0000:3b:00.0", "0x020000", numa_node="1")
     collector = MachineCollector(sysfs_root, procfs_root, SourceRegistry(), parts=frozenset({"memory"}))
     usage = collector.collect()
     assert usage is not None
     assert set(usage.memory) == {0, 1}
     assert usage.hugepages == {} and usage.numastat == {} and usage.cpu_time == {}
+    assert usage.pci.counts == {}
     names = {Path(path).name for path in opened}
     assert "meminfo" in names and "cpulist" in names  # the topology is always read
-    assert not names & {"numastat", "nr_hugepages", "free_hugepages", "stat"}
-    assert {"memory", "hugepages", "numastat", "cpu_time"} == ALL_MACHINE_PARTS
+    assert not names & {"numastat", "nr_hugepages", "free_hugepages", "stat", "class", "numa_node"}
+    assert {"memory", "hugepages", "numastat", "cpu_time", "pci"} == ALL_MACHINE_PARTS
 
 
 def test_damage_is_undone(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """One bad file costs exactly the numbers that depend on it: a fault sweep over real trees.
 
 For every hwloc snapshot and the generated large node, files under ``devices/system/node``,
-``devices/system/cpu``, ``/proc/stat``, ``/proc/meminfo`` and each kubelet checkpoint are made missing,
+``devices/system/cpu``, ``/proc/stat``, ``/proc/meminfo`` and each kubelet checkpoint, and on the captured
+H200 guest the PCI functions' files, the DRA checkpoint and a CDI spec, are made missing,
 empty, garbage, truncated (cut inside a line) and a directory, one at a time. Each variant runs
 ``otel-numa --once`` through its command line and is compared with the clean run of the same tree:
 
@@ -37,10 +38,12 @@ from otel_numa.testing.fault_sweep import (
     parse,
     pick,
     run_once,
+    write_devices_tree,
 )
 from otel_numa.testing.hwloc import extract_snapshot, snapshot_names
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
+from tests.paths import FIXTURES
 
 SWEPT = ("sys/devices/system/node", "sys/devices/system/cpu", "proc/stat", "proc/meminfo")
 KUBELET_FILES = ("cpu_manager_state", "memory_manager_state", "device-plugins/kubelet_internal_checkpoint")
@@ -117,7 +120,16 @@ def cost_of(tree: Path, relative: str) -> Cost:
     }
     if relative in kubelet:
         source, series = kubelet[relative]
-        return Cost(source, _names(*series))
+        # a container's alignment depends on every checkpoint that pins something
+        return Cost(source, _names(*series, "numa_container_aligned"))
+    if relative == "kubelet/dra_manager_state":
+        return Cost("dra_manager", _names("numa_device_allocated", "numa_container_device_allocated"))
+    if relative.startswith("cdi/"):  # its devices' placement, so their drivers' device numbers
+        return Cost("cdi", _names("numa_device_allocated", "numa_container_device_allocated"))
+    function = re.fullmatch(r"sys/bus/pci/devices/[^/]+/(class|numa_node|local_cpulist)", relative)
+    if function is not None:
+        # a bad class: its node's counts; a bad node: its class's counts, and DRA devices placed by it
+        return Cost("sysfs", _names("numa_pci_device_count", "numa_device_allocated"))
     cpu = re.fullmatch(r"sys/devices/system/cpu/(online|cpu\d+/online)", relative)
     if cpu is not None:
         if cpu.group(1) != "online" and (sysfs / "devices/system/cpu/online").is_file():
@@ -235,6 +247,7 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
         kubelet.mkdir()
         files = [name for name in files_under(top, SWEPT)]
         found.append(Tree(name, top, _args(top, kubelet), sample(top, files, per_read_kind=2, unread=3)))
+    found.append(_devices_tree(base))
     # the largest machine (16 nodes, 1,024 CPUs), with fewer pods than the default to keep each run short
     large = write_large_node(base / "large", LargeNodeSpec(pods=50, cgroups=False))
     files = files_under(large.root, SWEPT)
@@ -247,6 +260,16 @@ def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
         )
     )
     return found
+
+
+def _devices_tree(base: Path) -> Tree:
+    """The captured H200 guest with DRA claims (:func:`write_devices_tree`): the placed devices' own PCI
+    files, a sample of the others, the DRA checkpoint and the CDI spec are swept."""
+    tree = write_devices_tree(base, FIXTURES / "machines" / "h200-vm.tar.bz2")
+    functions = files_under(tree.top, ["sys/bus/pci/devices"])
+    others = sample(tree.top, sorted(set(functions) - set(tree.placed_files)), per_read_kind=1, unread=2)
+    args = [*_args(tree.top, tree.kubelet), "--cdi-spec-dirs", str(tree.cdi)]
+    return Tree("h200-devices", tree.top, args, [*tree.placed_files, *others, *tree.state_files])
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:

@@ -62,6 +62,11 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_cpuset_nodes": POD
     | {"numa_cpu_node_ids", "numa_memory_node_ids", "numa_locality_node_ids"},
     "numa_container_info": POD,
+    "numa_container_aligned": POD,
+    "numa_pci_device_count": NUMA | {"pci_device_class", "pci_function_kind"},
+    # pod-level resources: the pod's attributes, no container name
+    "numa_pod_cpu_allocated": (POD - {"k8s_container_name"}) | NUMA,
+    "numa_pod_memory_allocated_bytes": (POD - {"k8s_container_name"}) | NUMA,
     "numa_agent_source_errors_total": frozenset({"numa_source", "error_type"}),
     "numa_agent_source_age_seconds": frozenset({"numa_source"}),
     "numa_agent_source_duration_seconds": frozenset({"numa_source"}),
@@ -300,7 +305,12 @@ LEFT_OUT = {
     "numainfo_version": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
 }
 # Device metrics whose panels land with them: accepted without a panel while they have none.
-PANELS_LATER = {"numa_pci_device_count", "numa_container_aligned"}
+PANELS_LATER = {
+    "numa_pci_device_count",
+    "numa_container_aligned",
+    "numa_pod_cpu_allocated",
+    "numa_pod_memory_allocated_bytes",
+}
 
 
 def test_every_catalogue_metric_has_a_panel_or_a_reason() -> None:

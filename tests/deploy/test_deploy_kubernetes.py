@@ -165,6 +165,8 @@ def test_every_host_path_is_mounted_read_only(pod: dict[str, Any]) -> None:
         "/var/lib/kubelet",
         "/var/log/pods",
         "/var/log/containers",
+        "/etc/cdi",
+        "/var/run/cdi",
     }
     for container in pod["containers"] + pod.get("initContainers", []):
         for mount in container.get("volumeMounts", []):
@@ -178,6 +180,7 @@ def test_agent_roots_point_at_the_mounted_host_paths(pod: dict[str, Any], agent:
     mounted = {host_of[m["name"]]: m["mountPath"] for m in agent["volumeMounts"] if m["name"] in host_of}
     env = env_values(agent)
     assert env["OTEL_NUMA_SYSFS_ROOT"] == mounted["/sys"]
+    assert env["OTEL_NUMA_CDI_SPEC_DIRS"] == f"{mounted['/etc/cdi']},{mounted['/var/run/cdi']}"
     assert env["OTEL_NUMA_CGROUP_ROOT"] == mounted["/sys/fs/cgroup"]
     assert env["OTEL_NUMA_KUBELET_ROOT"] == mounted["/var/lib/kubelet"]
     assert env["OTEL_NUMA_POD_LOGS_ROOT"] == mounted["/var/log/pods"]

@@ -54,6 +54,7 @@ CHART_MANAGED_SETTINGS = frozenset(
         "kubelet_root",
         "pod_logs_root",
         "container_logs_root",
+        "cdi_spec_dirs",
         "node_name",
         "exporters",
         "prometheus_address",
@@ -678,6 +679,8 @@ def test_host_paths_are_configurable(tool_env: dict[str, str], tmp_path: Path) -
         "kubelet": "/var/lib/k0s/kubelet",
         "podLogs": "/data/log/pods",
         "containerLogs": "/data/log/containers",
+        "cdiEtc": "/host-root/etc/cdi",
+        "cdiRun": "/run/cdi",
     }
     pod = pod_spec(render(tool_env, tmp_path, {"hostPaths": paths}))
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
@@ -687,6 +690,8 @@ def test_host_paths_are_configurable(tool_env: dict[str, str], tmp_path: Path) -
         "kubelet": paths["kubelet"],
         "pod-logs": paths["podLogs"],
         "container-logs": paths["containerLogs"],
+        "cdi-etc": paths["cdiEtc"],
+        "cdi-run": paths["cdiRun"],
     }
     # Inside the container the paths stay where the agent's roots point.
     agent = container(pod, "agent")
@@ -694,6 +699,7 @@ def test_host_paths_are_configurable(tool_env: dict[str, str], tmp_path: Path) -
     env = env_values(agent)
     assert env["OTEL_NUMA_KUBELET_ROOT"] == mounted["kubelet"] == "/var/lib/kubelet"
     assert env["OTEL_NUMA_SYSFS_ROOT"] == mounted["sys"]
+    assert env["OTEL_NUMA_CDI_SPEC_DIRS"] == f"{mounted['cdi-etc']},{mounted['cdi-run']}"
     for mount in agent["volumeMounts"]:
         if mount["name"] in host:
             assert mount["readOnly"] is True

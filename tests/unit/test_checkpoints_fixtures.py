@@ -15,6 +15,8 @@ from otel_numa.model import (
     CpuManagerState,
     DeviceEntry,
     DeviceManagerState,
+    DraClaim,
+    DraDevice,
     MemoryBlock,
     MemoryManagerState,
     MemoryTable,
@@ -142,9 +144,23 @@ DEVICE_EXPECTED = {
     ),
 }
 
+_DRA_CLAIM = DraClaim(
+    name="example",
+    namespace="default",
+    devices=(
+        DraDevice(
+            driver="test-driver.cdi.k8s.io",
+            pool="worker-1",
+            device="dev-1",
+            cdi_devices=("example.com/example=cdi-example",),
+        ),
+    ),
+    uid="067798be-454e-4be4-9047-1aa06aea63f7",
+    pod_uids=frozenset({"139cdb46-f989-4f17-9561-ca10cfb509a6"}),
+)
 DRA_EXPECTED = {
-    "k8stest_dra_v1_crc32.json": DraManagerState(claim_count=1),
-    "k8stest_dra_v1_crc32_entries.json": DraManagerState(claim_count=1),
+    "k8stest_dra_v1_crc32.json": DraManagerState(claims=(_DRA_CLAIM,)),
+    "k8stest_dra_v1_crc32_entries.json": DraManagerState(claims=(_DRA_CLAIM,)),
 }
 
 

@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState, Topology
 from otel_numa.pipeline import build_pipeline
 from otel_numa.sources import cgroups, files, procfs, sysfs
+from otel_numa.sources.cdi import parse_cdi_spec
 from otel_numa.sources.checkpoints import (
     parse_cpu_manager_state,
     parse_device_checkpoint,
@@ -478,7 +479,14 @@ def _document(seed: bytes) -> Any:
     document = json.loads(seed)
     if isinstance(document, dict) and isinstance(document.get("data"), str):
         return json.loads(document["data"])  # mutate the signed inner document of the newer layouts
+    if isinstance(document, dict) and isinstance(document.get("Data"), str):
+        return json.loads(document["Data"])  # the DRA checkpoint's claims, signed by a CRC-32
     return document
+
+
+def resign_dra(document: Any) -> bytes:
+    data = json.dumps(document, separators=(",", ":"))
+    return json.dumps({"Data": data, "Checksum": _crc32(data)}).encode()
 
 
 CHECKPOINT_PARSERS: dict[str, tuple[Callable[[bytes], object], Callable[[], list[bytes]]]] = {
@@ -487,6 +495,28 @@ CHECKPOINT_PARSERS: dict[str, tuple[Callable[[bytes], object], Callable[[], list
     "device": (parse_device_checkpoint, lambda: device_seeds() + _real_files("device")),
     "dra": (parse_dra_checkpoint, lambda: dra_seeds() + _real_files("dra")),
 }
+
+CDI_SEED = {
+    "cdiVersion": "0.6.0",
+    "kind": "example.com/gpu",
+    "devices": [
+        {
+            "name": "gpu0",
+            "containerEdits": {"deviceNodes": [{"path": "/dev/gpu0", "type": "c", "major": 195}]},
+        }
+    ],
+    "containerEdits": {"deviceNodes": [{"path": "/dev/gpuctl"}]},
+}
+
+
+@FUZZ
+@given(data=st.data(), suffix=st.sampled_from([".json", ".yaml"]))
+def test_cdi_specs_only_raise_source_errors(data: st.DataObject, suffix: str) -> None:
+    if data.draw(st.booleans()):
+        content = data.draw(any_bytes)
+    else:
+        content = json.dumps(data.draw(mutated_json(CDI_SEED))).encode()
+    source_result(lambda: parse_cdi_spec(content, Path(f"spec{suffix}")))
 
 
 @st.composite
@@ -505,6 +535,8 @@ def hostile_checkpoint(draw: st.DrawFn, kind: str) -> bytes:
     document = draw(mutated_json(_document(seed)))
     if how == "resign" and kind in ("cpu", "mem") and isinstance(document, dict):
         return resign(document)
+    if kind == "dra":
+        return resign_dra(document) if how == "resign" else json.dumps({"Data": document}).encode()
     return json.dumps(document).encode()
 
 

@@ -19,9 +19,12 @@ from otel_numa.model import (
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
+    DraClaim,
+    DraDevice,
     PodResources,
 )
 from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 from otel_numa.sources.podresources import PodResourcesClient
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
@@ -352,3 +355,60 @@ def test_kubelet_killed_and_restarted_in_another_process(socket_dir: Path, tmp_p
         client.close()
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_list_pods_reports_dra_claims_and_pod_level_resources(server: PodResourcesServer) -> None:
+    claim = pb.DynamicResource(
+        claim_name="gpus",
+        claim_namespace="ml",
+        claim_resources=[
+            pb.ClaimResource(
+                cdi_devices=[pb.CDIDevice(name="k8s.gpu.nvidia.com/claim=c1-gpu-0")],
+                driver_name="gpu.nvidia.com",
+                pool_name="node-a",
+                device_name="gpu-0",
+            ),
+            pb.ClaimResource(
+                driver_name="gpu.nvidia.com", pool_name="node-a", device_name="gpu-1", share_id="s1"
+            ),
+        ],
+    )
+    server.state.pods = [
+        pb.PodResources(
+            name="train-0",
+            namespace="ml",
+            containers=[pb.ContainerResources(name="train", cpu_ids=[2, 3], dynamic_resources=[claim])],
+            cpu_ids=[0, 1, 2, 3],
+            memory=[pb.ContainerMemory(memory_type="memory", size=GiB, topology=topology(0))],
+        )
+    ]
+    with PodResourcesClient(server.socket_path) as client:
+        (pod,) = client.list_pods()
+    assert pod.cpu_ids == frozenset({0, 1, 2, 3})
+    assert pod.memory == (ContainerMemory("memory", GiB, (0,)),)
+    (container,) = pod.containers
+    assert container.cpu_ids == frozenset({2, 3})
+    assert container.dynamic_resources == (
+        DraClaim(
+            "gpus",
+            "ml",
+            (
+                DraDevice("gpu.nvidia.com", "node-a", "gpu-0", ("k8s.gpu.nvidia.com/claim=c1-gpu-0",)),
+                DraDevice("gpu.nvidia.com", "node-a", "gpu-1", (), share_id="s1"),
+            ),
+        ),
+    )
+
+
+def test_the_test_server_answers_get_as_the_kubelet_does(server: PodResourcesServer) -> None:
+    server.state.pods = [pb.PodResources(name="web-0", namespace="shop")]
+    channel = grpc.insecure_channel(f"unix://{server.socket_path}")
+    try:
+        stub = pb_grpc.PodResourcesListerStub(channel)
+        found = stub.Get(pb.GetPodResourcesRequest(pod_name="web-0", pod_namespace="shop"), timeout=5)
+        assert found.pod_resources.name == "web-0"
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Get(pb.GetPodResourcesRequest(pod_name="gone", pod_namespace="shop"), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        channel.close()

@@ -92,13 +92,36 @@ def test_podresources_messages_match_the_published_api() -> None:
         "name": (1, STRING, False),
         "namespace": (2, STRING, False),
         "containers": (3, MESSAGE, True),
+        "cpu_ids": (4, INT64, True),
+        "memory": (5, MESSAGE, True),
     }
     assert _fields(file, "ContainerResources") == {
         "name": (1, STRING, False),
         "devices": (2, MESSAGE, True),
         "cpu_ids": (3, INT64, True),
         "memory": (4, MESSAGE, True),
+        "dynamic_resources": (5, MESSAGE, True),
     }
+    # field 1 (class_name) of DynamicResource was removed from the published API
+    assert _fields(file, "DynamicResource") == {
+        "claim_name": (2, STRING, False),
+        "claim_namespace": (3, STRING, False),
+        "claim_resources": (4, MESSAGE, True),
+    }
+    assert _fields(file, "ClaimResource") == {
+        "cdi_devices": (1, MESSAGE, True),
+        "driver_name": (2, STRING, False),
+        "pool_name": (3, STRING, False),
+        "device_name": (4, STRING, False),
+        "share_id": (5, STRING, False),
+    }
+    assert file.message_types_by_name["ClaimResource"].fields_by_name["share_id"].has_presence  # optional
+    assert _fields(file, "CDIDevice") == {"name": (1, STRING, False)}
+    assert _fields(file, "GetPodResourcesRequest") == {
+        "pod_name": (1, STRING, False),
+        "pod_namespace": (2, STRING, False),
+    }
+    assert _fields(file, "GetPodResourcesResponse") == {"pod_resources": (1, MESSAGE, False)}
     assert _fields(file, "ContainerDevices") == {
         "resource_name": (1, STRING, False),
         "device_ids": (2, STRING, True),
@@ -194,7 +217,11 @@ class _RecordingChannel:
 def test_stubs_call_the_published_paths() -> None:
     channel = _RecordingChannel()
     podresources_grpc.PodResourcesListerStub(channel)
-    assert channel.paths == ["/v1.PodResourcesLister/List", "/v1.PodResourcesLister/GetAllocatableResources"]
+    assert channel.paths == [
+        "/v1.PodResourcesLister/List",
+        "/v1.PodResourcesLister/GetAllocatableResources",
+        "/v1.PodResourcesLister/Get",
+    ]
 
     channel = _RecordingChannel()
     cri_grpc.RuntimeServiceStub(channel)
@@ -204,6 +231,23 @@ def test_stubs_call_the_published_paths() -> None:
         "/runtime.v1.RuntimeService/ListPodSandbox",
         "/runtime.v1.RuntimeService/PodSandboxStatus",
     ]
+
+
+def test_hand_encoded_dynamic_resource_decodes() -> None:
+    # ContainerResources field 5 (dynamic_resources): 0x2a, len 24 { field 2 claim_name: 0x12 len 3 "gpu";
+    #   field 4 claim_resources: 0x22 len 17 { field 2 driver_name: 0x12 len 3 "drv"; field 4
+    #   device_name: 0x22 len 2 "d0"; field 5 share_id: 0x2a len 1 "s";
+    #   field 1 cdi_devices: 0x0a len 3 { field 1 name: 0x0a len 1 "x" } } }
+    claim_resource = b"\x12\x03drv" + b"\x22\x02d0" + b"\x2a\x01s" + b"\x0a\x03\x0a\x01x"
+    dynamic = b"\x12\x03gpu" + b"\x22" + bytes([len(claim_resource)]) + claim_resource
+    assert (len(claim_resource), len(dynamic)) == (17, 24)
+    wire = b"\x0a\x03app" + b"\x2a" + bytes([len(dynamic)]) + dynamic
+    decoded = podresources.ContainerResources.FromString(wire)
+    (claim,) = decoded.dynamic_resources
+    assert claim.claim_name == "gpu"
+    (resource,) = claim.claim_resources
+    assert (resource.driver_name, resource.device_name, resource.share_id) == ("drv", "d0", "s")
+    assert [cdi.name for cdi in resource.cdi_devices] == ["x"]
 
 
 def test_hand_encoded_container_resources_decode() -> None:

@@ -17,6 +17,7 @@ from otel_numa.options import KubeletOptions
 from otel_numa.snapshot.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources.checkpoints.cpu_manager import read_cpu_manager_state
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
+from otel_numa.sources.checkpoints.dra_manager import read_dra_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import read_memory_manager_state
 from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.sources.files import StatSignature
@@ -28,6 +29,7 @@ RACY_LISTING_NS = 1_000_000_000
 CPU_MANAGER_FILE = "cpu_manager_state"
 MEMORY_MANAGER_FILE = "memory_manager_state"
 DEVICE_CHECKPOINT_FILE = os.path.join("device-plugins", "kubelet_internal_checkpoint")
+DRA_CHECKPOINT_FILE = "dra_manager_state"
 
 
 class CheckpointFile(Generic[T]):
@@ -128,18 +130,25 @@ class KubeletCollector:
             if "device_manager" in wanted
             else None
         )
+        self.dra = (
+            CheckpointFile(root / DRA_CHECKPOINT_FILE, read_dra_checkpoint, registry.tracker("dra_manager"))
+            if "dra_manager" in wanted
+            else None
+        )
         self._pods = _DirectoryCache(root / "pods", _pod_directories)
         self._pod_names = _DirectoryCache(options.pod_logs_root, _pod_names)
 
     @property
     def watched_files(self) -> tuple[Path, ...]:
-        return tuple(file.path for file in (self.cpu, self.memory, self.devices) if file is not None)
+        files = (self.cpu, self.memory, self.devices, self.dra)
+        return tuple(file.path for file in files if file is not None)
 
     def collect(self) -> KubeletState:
         return KubeletState(
             cpu=self.cpu.read() if self.cpu is not None else None,
             memory=self.memory.read() if self.memory is not None else None,
             devices=self.devices.read() if self.devices is not None else None,
+            dra=self.dra.read() if self.dra is not None else None,
             live_pods=self._pods.get(),
             pod_names=self._pod_names.get() or _NO_NAMES,
         )

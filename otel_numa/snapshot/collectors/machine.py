@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from otel_numa.model import HugepagePool, MachineUsage, NodeMemory, Topology
+from otel_numa.model import NO_PCI, HugepagePool, MachineUsage, NodeMemory, PciDevices, Topology
 from otel_numa.options import MachinePart
 from otel_numa.snapshot.source_status import SourceRegistry, SourceTracker
-from otel_numa.sources import sysfs
+from otel_numa.sources import pci, sysfs
 from otel_numa.sources.errors import SourceError
 from otel_numa.sources.procfs import NodeCpuTimes
 from otel_numa.sources.sysfs import NodeFiles
@@ -25,7 +25,7 @@ from otel_numa.sources.sysfs import NodeFiles
 T = TypeVar("T")
 V = TypeVar("V")
 
-ALL_MACHINE_PARTS: frozenset[MachinePart] = frozenset(("memory", "hugepages", "numastat", "cpu_time"))
+ALL_MACHINE_PARTS: frozenset[MachinePart] = frozenset(("memory", "hugepages", "numastat", "cpu_time", "pci"))
 
 
 class MachineCollector:
@@ -48,6 +48,9 @@ class MachineCollector:
         self._topology_key: tuple[str, ...] | None = None
         self._topology: Topology | None = None
         self._topology_complete = False
+        # PCI functions are read with the topology, never per round (their NUMA nodes follow from it)
+        self._pci: PciDevices = NO_PCI
+        self._pci_complete = True
         self._node_files: NodeFiles | None = None
         self._cpu_times: NodeCpuTimes | None = None
         self._last: MachineUsage | None = None
@@ -57,6 +60,8 @@ class MachineCollector:
         file; a node whose CPUs cannot be read now keeps its last good CPUs while the online CPUs stay."""
         key = sysfs.topology_signature(self._sysfs_root)
         if key == self._topology_key and self._topology is not None and self._topology_complete:
+            if not self._pci_complete:
+                self._read_pci(self._topology, failed)
             return self._topology
         errors: list[SourceError] = []
         topology = sysfs.read_topology(self._sysfs_root, self._procfs_root, on_error=errors.append)
@@ -70,7 +75,21 @@ class MachineCollector:
             self._topology = topology
         self._topology_key = key
         self._topology_complete = not errors
+        self._read_pci(self._topology, failed)
         return self._topology
+
+    def _read_pci(self, topology: Topology, failed: set[str]) -> None:
+        """The PCI functions on ``topology``; a read that met a bad file is done again next round, the
+        functions it could read kept meanwhile."""
+        if "pci" not in self._parts:
+            return
+        errors: list[SourceError] = []
+        pci_devices = pci.read_pci_devices(self._sysfs_root, topology, on_error=errors.append)
+        for error in errors:
+            self._sysfs.failed(error)
+            failed.add(self._sysfs.name)
+        self._pci = self._pci if pci_devices == self._pci else pci_devices
+        self._pci_complete = not errors
 
     def collect(self) -> MachineUsage | None:
         failed: set[str] = set()
@@ -140,7 +159,7 @@ class MachineCollector:
             hugepages = last.hugepages if hugepages == last.hugepages else hugepages
             numastat = last.numastat if numastat == last.numastat else numastat
             cpu_time = last.cpu_time if cpu_time == last.cpu_time else cpu_time
-        usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time)
+        usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time, self._pci)
         procfs_read = "cpu_time" in self._parts or ("memory" in self._parts and not topology.numa_enabled)
         for tracker in (self._sysfs, self._procfs) if procfs_read else (self._sysfs,):
             if tracker.name not in failed:
