@@ -4,13 +4,17 @@
 
 The machine (sysfs/ and procfs/) has 4 NUMA nodes with 4 CPUs, 8 GiB and 512 x 2 MiB hugepages each, like
 the 16amd64-4n4c hwloc snapshot, and the PCI functions the kubelet's devices sit on. The kubelet state
-describes three pods on it, so allocation, capacity and usage agree whatever host runs the demo:
+describes four pods on it, so allocation, capacity and usage agree whatever host runs the demo:
 
 - default/web-0 (Burstable): container "app", no exclusive resources, a QAT device with no NUMA affinity
 - trading/matcher-0 (Guaranteed): container "engine" pinned to CPUs 4-7 (NUMA 1), 2 GiB of memory and
   256 MiB of 2 MiB hugepages on NUMA 1, an SR-IOV VF on NUMA 1; 30% of its anonymous memory sits on NUMA 0
   (memory locality 0.7: the case to alert on)
 - ml/trainer-0 (Guaranteed): container "train" on CPUs 10-13 (NUMA 2, 3), 4 GiB on NUMA 2-3, a GPU on NUMA 2
+  (spans two NUMA nodes: not aligned)
+- db/postgres-0 (Guaranteed, pod-level resources): the pod holds CPUs 2-3 and 1 GiB of memory on NUMA 0 as
+  a whole (cpu and memory manager ``podEntries``); its container "postgres" takes all of them, plus the other
+  SR-IOV VF, which sits on NUMA 1: exclusive CPUs on one node and the NIC on another, the misalignment to find
 
 The checkpoints carry checksums the kubelet itself would accept. Files are world-readable, because the image
 runs as a non-root user.
@@ -41,18 +45,20 @@ MIB = 1024**2
 WEB = ("default", "web-0", "6f1c1e4e-3d4b-4c55-9a57-0d7f4c2b1a01")
 MATCHER = ("trading", "matcher-0", "0b8e5a2c-7c1d-4f0e-8b3a-5d6e7f809102")
 TRAINER = ("ml", "trainer-0", "c3d2e1f0-a9b8-4c7d-8e6f-5a4b3c2d1e03")
-PODS = (WEB, MATCHER, TRAINER)
+POSTGRES = ("db", "postgres-0", "5d4c3b2a-1f0e-4d9c-8b7a-6e5f4d3c2b04")
+PODS = (WEB, MATCHER, TRAINER, POSTGRES)
 
 CONTAINER_IDS = {
     (WEB[2], "app"): "a1" * 32,
     (MATCHER[2], "engine"): "b2" * 32,
     (TRAINER[2], "train"): "c3" * 32,
+    (POSTGRES[2], "postgres"): "d4" * 32,
 }
 
 NODE_MEMORY = 8 * GIB
 HUGEPAGES_2M = 512 * 2 * MIB  # 512 x 2 MiB per node, as on the paired snapshot
 SYSTEM_RESERVED = {0: 1 * GIB, 1: 0, 2: 0, 3: 0}
-MEMORY_RESERVED = {0: 0, 1: 2 * GIB, 2: 4 * GIB, 3: 0}  # trainer's 4 GiB block spans 2-3, booked on 2
+MEMORY_RESERVED = {0: 1 * GIB, 1: 2 * GIB, 2: 4 * GIB, 3: 0}  # trainer's 4 GiB block spans 2-3, booked on 2
 HUGEPAGES_RESERVED = {0: 0, 1: 256 * MIB, 2: 0, 3: 0}
 NUMA_NODES = range(4)
 CPUS_PER_NODE = 4
@@ -76,17 +82,28 @@ def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:
     return MemoryTable(total, system_reserved, allocatable, reserved, allocatable - reserved)
 
 
+# postgres-0's pod-level resources, all of which its one container takes
+POSTGRES_CPUS = range(2, 4)
+POSTGRES_MEMORY = MemoryBlock((0,), "memory", 1 * GIB)
+
+
 def write_kubelet(root: Path) -> None:
     root.mkdir(parents=True)
     write_cpu_manager_state(
         root / "cpu_manager_state",
         "static",
-        [0, 1, 2, 3, 8, 9, 14, 15],
-        {MATCHER[2]: {"engine": range(4, 8)}, TRAINER[2]: {"train": range(10, 14)}},
+        [0, 1, 8, 9, 14, 15],
+        {
+            MATCHER[2]: {"engine": range(4, 8)},
+            TRAINER[2]: {"train": range(10, 14)},
+            POSTGRES[2]: {"postgres": POSTGRES_CPUS},
+        },
+        pod_entries={POSTGRES[2]: POSTGRES_CPUS},
+        layout="v3",  # the first with podEntries
     )
     machine_state = {
         numa: NumaMemoryState(
-            number_of_assignments=1 if numa in (1, 2, 3) else 0,
+            number_of_assignments=1,
             cells=(2, 3) if numa in (2, 3) else (numa,),
             memory_map={
                 "memory": _table(NODE_MEMORY, SYSTEM_RESERVED[numa], MEMORY_RESERVED[numa]),
@@ -107,7 +124,9 @@ def write_kubelet(root: Path) -> None:
                 ]
             },
             TRAINER[2]: {"train": [MemoryBlock((2, 3), "memory", 4 * GIB)]},
+            POSTGRES[2]: {"postgres": [POSTGRES_MEMORY]},
         },
+        pod_entries={POSTGRES[2]: [POSTGRES_MEMORY]},
     )
     devices = root / "device-plugins"
     devices.mkdir(parents=True, exist_ok=True)
@@ -117,6 +136,7 @@ def write_kubelet(root: Path) -> None:
             DeviceEntry(WEB[2], "app", "intel.com/qat", {-1: ("qat-0000:3d:00.1",)}),
             DeviceEntry(MATCHER[2], "engine", "example.com/sriov-vf", {1: ("0000:5e:02.3",)}),
             DeviceEntry(TRAINER[2], "train", "nvidia.com/gpu", {2: ("GPU-4f5e6d7c",)}),
+            DeviceEntry(POSTGRES[2], "postgres", "example.com/sriov-vf", {1: ("0000:5e:02.4",)}),
         ],
         {
             "intel.com/qat": ["qat-0000:3d:00.1", "qat-0000:3d:00.2"],
@@ -149,7 +169,7 @@ def write_sysfs_and_procfs(dest: Path) -> None:
         for numa in NUMA_NODES
     ]
     # ticks per CPU: the pinned CPUs busy, the shared pool lightly used
-    busy = set(range(4, 8)) | set(range(10, 14))
+    busy = set(range(4, 8)) | set(range(10, 14)) | set(POSTGRES_CPUS)
     ticks = {
         cpu: (
             900_000 if cpu in busy else 90_000,
@@ -204,7 +224,7 @@ def write_cgroups(root: Path) -> None:
                 FakeContainer(
                     CONTAINER_IDS[(WEB[2], "app")],
                     {"anon": {0: 96 * MIB, 1: 32 * MIB}},
-                    "0-3,8-9,14-15",
+                    "0-1,8-9,14-15",
                     "0-3",
                 ),
             ),
@@ -232,6 +252,19 @@ def write_cgroups(root: Path) -> None:
                     "10-13",
                     "2-3",
                     cpu_usage_usec=8_000_000,
+                ),
+            ),
+        ),
+        FakePod(
+            POSTGRES[2],
+            "guaranteed",
+            (
+                FakeContainer(
+                    CONTAINER_IDS[(POSTGRES[2], "postgres")],
+                    {"anon": {0: 512 * MIB}, "file": {0: 128 * MIB}},
+                    "2-3",
+                    "0",
+                    cpu_usage_usec=3_000_000,
                 ),
             ),
         ),

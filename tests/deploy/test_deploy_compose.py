@@ -284,7 +284,12 @@ def test_demo_node_is_coherent(services: dict[str, Any]) -> None:
         assert set(series(text, name)) == nodes, name
     allocated = series(text, "numa_cpu_allocated")
     assert all(allocated[node] <= capacity[node] for node in nodes)
-    assert sum(series(text, "numa_container_cpu_allocated").values()) == sum(allocated.values()) == 8
+    assert sum(series(text, "numa_container_cpu_allocated").values()) == sum(allocated.values()) == 10
+    # postgres-0's pod-level CPUs are its container's: counted once in the per-NUMA totals
+    assert sum(series(text, "numa_pod_cpu_allocated").values()) == 2
+    assert sum(series(text, "numa_pod_memory_allocated_bytes").values()) == 1024**3
+    # an aligned container beside two that span NUMA nodes, for the dashboard's alignment panels
+    assert sorted(series(text, "numa_container_aligned").values()) == [0, 0, 1]
     memory = series(text, "numa_memory_allocated_bytes")
     assert sum(series(text, "numa_container_memory_allocated_bytes").values()) == sum(memory.values())
     errors = {key: value for key, value in series(text, "numa_agent_source_errors_total").items() if value}

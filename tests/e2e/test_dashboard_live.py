@@ -1,7 +1,8 @@
 """Every query of the Grafana dashboard, with its variables filled in, returns data from a real Prometheus
-scraping the agent on fixture data: a real machine's sysfs (16amd64-4n4c), the demo kubelet state of
-config/demo (checkpoints, pod and container names, cgroups) and a podresources test server that knows
-the demo's pods and devices. Also: the committed demo state is what config/demo/generate.py writes."""
+scraping the agent on fixture data: a real machine's sysfs (16amd64-4n4c) with the demo's PCI functions,
+the demo kubelet state of config/demo (checkpoints, pod and container names, cgroups) and a podresources
+test server that knows the demo's pods, their pod-level resources and devices. Also: the committed demo
+state is what config/demo/generate.py writes."""
 
 from __future__ import annotations
 
@@ -59,7 +60,23 @@ DEMO_PODS: list[tuple[str, str, list[Container]]] = [
             )
         ],
     ),
+    (
+        "db",
+        "postgres-0",
+        [
+            (
+                "postgres",
+                [2, 3],
+                [("example.com/sriov-vf", "0000:5e:02.4", [1])],
+                [("memory", 1 * GIB, [0])],
+            )
+        ],
+    ),
 ]
+# Pod-level exclusive resources (namespace, pod) -> (CPUs, memory): postgres-0's container takes them all.
+POD_LEVEL: dict[tuple[str, str], tuple[list[int], list[Memory]]] = {
+    ("db", "postgres-0"): ([2, 3], [("memory", 1 * GIB, [0])]),
+}
 ALLOCATABLE_DEVICES: list[Device] = [
     ("intel.com/qat", "qat-0000:3d:00.1", []),
     ("intel.com/qat", "qat-0000:3d:00.2", []),
@@ -75,24 +92,28 @@ def _devices(resource: str, device: str, numa: list[int]) -> pb.ContainerDevices
     return pb.ContainerDevices(resource_name=resource, device_ids=[device], topology=topology)
 
 
+def _memory(memory: list[Memory]) -> list[pb.ContainerMemory]:
+    return [
+        pb.ContainerMemory(
+            memory_type=kind, size=size, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa])
+        )
+        for kind, size, numa in memory
+    ]
+
+
 def demo_podresources_state() -> PodResourcesState:
     pods = [
         pb.PodResources(
             name=name,
             namespace=namespace,
+            cpu_ids=POD_LEVEL.get((namespace, name), ([], []))[0],
+            memory=_memory(POD_LEVEL.get((namespace, name), ([], []))[1]),
             containers=[
                 pb.ContainerResources(
                     name=container,
                     cpu_ids=cpus,
                     devices=[_devices(*d) for d in devices],
-                    memory=[
-                        pb.ContainerMemory(
-                            memory_type=kind,
-                            size=size,
-                            topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in numa]),
-                        )
-                        for kind, size, numa in memory
-                    ],
+                    memory=_memory(memory),
                 )
                 for container, cpus, devices, memory in containers
             ],
@@ -140,6 +161,8 @@ def test_every_dashboard_query_returns_data(
     tmp_path: Path, demo_copy: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
 ) -> None:
     sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
+    # the snapshot has no PCI bus: the demo's PCI functions, written for this machine's layout
+    shutil.copytree(demo_copy / "sysfs" / "bus", sysfs / "bus", symlinks=True, dirs_exist_ok=True)
     # an unreadable per-node file: counted under numa_agent_source_errors_total, the rest keeps flowing
     numastat = sysfs / "devices/system/node/node3/numastat"
     numastat.unlink()
