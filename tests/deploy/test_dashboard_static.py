@@ -189,8 +189,8 @@ def parsed(target: dict[str, Any]) -> promql_parser.Expr:
     return promql_parser.parse(substitute(target["expr"], PARSE_VALUES))
 
 
-def panel_expr(title: str, values: dict[str, str]) -> str:
-    exprs = [t["expr"] for p, t in TARGETS if p["title"] == title]
+def panel_expr(title: str, values: dict[str, str], ref_id: str | None = None) -> str:
+    exprs = [t["expr"] for p, t in TARGETS if p["title"] == title and ref_id in (None, t["refId"])]
     assert len(exprs) == 1, f"expected one query in panel {title!r}"
     return substitute(exprs[0], values)
 
@@ -304,19 +304,12 @@ LEFT_OUT = {
     "numainfo_core_count": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
     "numainfo_version": "numainfo_exporter's series (--compat numainfo): for its old dashboards",
 }
-# Device metrics whose panels land with them: accepted without a panel while they have none.
-PANELS_LATER = {
-    "numa_pci_device_count",
-    "numa_container_aligned",
-    "numa_pod_cpu_allocated",
-    "numa_pod_memory_allocated_bytes",
-}
 
 
 def test_every_catalogue_metric_has_a_panel_or_a_reason() -> None:
     used = {s.name for _, t in TARGETS for s in selectors(parsed(t))}
     names = {spec.prometheus_name for spec in catalogue.METRICS}
-    missing = names - used - set(LEFT_OUT) - PANELS_LATER
+    missing = names - used - set(LEFT_OUT)
     assert not missing, f"no panel shows {sorted(missing)}: add one, or a reason to LEFT_OUT"
     assert not set(LEFT_OUT) & used, "a metric left out has a panel after all: drop it from LEFT_OUT"
     assert set(LEFT_OUT) <= names, "LEFT_OUT names a metric the agent does not export"
@@ -505,7 +498,7 @@ def test_least_local_containers_are_the_ten_lowest(tmp_path: Path) -> None:
     )
     lowest = [
         {
-            "labels": "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
+            "labels": label_set(labels),
             "value": round(index * 0.05, 2),
         }
         for index, labels in enumerate(containers[:10], 1)
@@ -541,3 +534,152 @@ def test_rule_tester_catches_a_wrong_expectation(tmp_path: Path) -> None:
                 }
             ],
         )
+
+
+def label_set(labels: dict[str, str]) -> str:
+    """Labels as promtool's expected samples write them (no job or instance: the panels aggregate them)."""
+    return "{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}"
+
+
+def container(pod: str, name: str, node: str = "worker-1") -> dict[str, str]:
+    return {
+        "k8s_node_name": node,
+        "k8s_namespace_name": "db",
+        "k8s_pod_name": pod,
+        "k8s_pod_uid": f"uid-{pod}",
+        "k8s_container_name": name,
+    }
+
+
+def test_alignment_panels_list_and_count_the_containers_that_span_nodes(tmp_path: Path) -> None:
+    # Three containers on the selected nodes, one aligned and two spanning NUMA nodes; another machine's
+    # container that spans nodes is left out.
+    aligned = "numa_container_aligned"
+    spanning = [container("postgres-0", "postgres"), container("trainer-0", "train", node="worker-2")]
+    run_rule_test(
+        tmp_path,
+        [
+            series(aligned, "1x20", **container("matcher-0", "engine")),
+            *(series(aligned, "0x20", **labels) for labels in spanning),
+            series(aligned, "0x20", **container("elsewhere-0", "main", node="other")),
+        ],
+        [
+            {
+                "expr": panel_expr("Containers not aligned", EVAL_VALUES),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": label_set(labels), "value": 0} for labels in spanning],
+            },
+            {
+                "expr": panel_expr("Container alignment", EVAL_VALUES, "A"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": "{}", "value": 1}],
+            },
+            {
+                "expr": panel_expr("Container alignment", EVAL_VALUES, "B"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": "{}", "value": 2}],
+            },
+        ],
+    )
+
+
+def test_alignment_count_is_zero_when_every_container_is_aligned(tmp_path: Path) -> None:
+    # "Not aligned" shows 0, not "no data", and the list is empty.
+    aligned = "numa_container_aligned"
+    run_rule_test(
+        tmp_path,
+        [series(aligned, "1x20", **container("matcher-0", "engine"))],
+        [
+            {
+                "expr": panel_expr("Containers not aligned", EVAL_VALUES),
+                "eval_time": "10m",
+                "exp_samples": [],
+            },
+            {
+                "expr": panel_expr("Container alignment", EVAL_VALUES, "B"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": "{}", "value": 0}],
+            },
+        ],
+    )
+
+
+def test_pci_panel_counts_functions_per_class_and_the_virtual_ones(tmp_path: Path) -> None:
+    # NUMA 1 of worker-1: a NIC's physical function and its 2 VFs (3 network functions, 2 virtual) and
+    # a GPU; another machine's NIC is left out.
+    pci = "numa_pci_device_count"
+    node = {"k8s_node_name": "worker-1", "numa_node_id": "1"}
+    run_rule_test(
+        tmp_path,
+        [
+            series(pci, "1x20", **node, pci_device_class="network", pci_function_kind="physical"),
+            series(pci, "2x20", **node, pci_device_class="network", pci_function_kind="virtual"),
+            series(pci, "1x20", **node, pci_device_class="display", pci_function_kind="physical"),
+            series(
+                pci,
+                "4x20",
+                k8s_node_name="other",
+                numa_node_id="0",
+                pci_device_class="network",
+                pci_function_kind="physical",
+            ),
+        ],
+        [
+            {
+                "expr": panel_expr("PCI devices per NUMA node", EVAL_VALUES, "A"),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {
+                        "labels": '{k8s_node_name="worker-1",numa_node_id="1",pci_device_class="network"}',
+                        "value": 3,
+                    },
+                    {
+                        "labels": '{k8s_node_name="worker-1",numa_node_id="1",pci_device_class="display"}',
+                        "value": 1,
+                    },
+                ],
+            },
+            {
+                "expr": panel_expr("PCI devices per NUMA node", EVAL_VALUES, "B"),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {
+                        "labels": '{k8s_node_name="worker-1",numa_node_id="1",pci_device_class="network"}',
+                        "value": 2,
+                    },
+                ],
+            },
+        ],
+    )
+
+
+def test_pod_level_table_sums_per_pod_and_numa_node(tmp_path: Path) -> None:
+    # One pod-level pool of 2 CPUs and 1 GiB on NUMA 0; another machine's pod is left out.
+    pod = {"k8s_node_name": "worker-1", "k8s_namespace_name": "db", "k8s_pod_name": "postgres-0",
+           "k8s_pod_uid": "uid-postgres-0", "numa_node_id": "0"}  # fmt: skip
+    elsewhere = {**pod, "k8s_node_name": "other"}
+    run_rule_test(
+        tmp_path,
+        [
+            series("numa_pod_cpu_allocated", "2x20", **pod),
+            series("numa_pod_cpu_allocated", "4x20", **elsewhere),
+            series("numa_pod_memory_allocated_bytes", "1073741824x20", **pod),
+        ],
+        [
+            {
+                "expr": panel_expr("Exclusive resources per pod and NUMA node", EVAL_VALUES, "A"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": label_set(pod), "value": 2}],
+            },
+            {
+                "expr": panel_expr("Exclusive resources per pod and NUMA node", EVAL_VALUES, "B"),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {
+                        "labels": label_set(pod),
+                        "value": 1073741824,
+                    }
+                ],
+            },
+        ],
+    )
