@@ -120,8 +120,12 @@ def page_of(machine: GoldenMachine, *extra_flags: str) -> str:
     """The masked page the command line prints for ``machine``."""
     with tempfile.TemporaryDirectory(prefix=f"golden-{machine.name}-") as folder:
         flags = machine.build(Path(folder))
+        no_cdi = str(Path(folder) / "no-cdi")  # never the host's own CDI directories
         done = subprocess.run(
-            [sys.executable, "-m", "otel_numa", "--once", "--node-name", NODE_NAME, *flags, *extra_flags],
+            [
+                *(sys.executable, "-m", "otel_numa", "--once", "--node-name", NODE_NAME),
+                *("--cdi-spec-dirs", no_cdi, *flags, *extra_flags),
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -35,7 +35,7 @@ def test_empty_roots_warn_once_and_fail_their_sources(tmp_path: Path) -> None:
     assert len(warnings) == 3, done.stderr
     for flag, sources in (
         ("--sysfs-root", "sysfs"),
-        ("--kubelet-root", "cpu_manager, device_manager, memory_manager"),
+        ("--kubelet-root", "cpu_manager, device_manager, dra_manager, memory_manager"),
         ("--cgroup-root", "cgroup"),
     ):
         (line,) = [line for line in warnings if flag in line]
@@ -45,6 +45,7 @@ def test_empty_roots_warn_once_and_fail_their_sources(tmp_path: Path) -> None:
         "cpu_manager": 0,
         "memory_manager": 0,
         "device_manager": 0,
+        "dra_manager": 0,
         "cgroup": 0,
     }
 

@@ -17,7 +17,7 @@ from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciD
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.cdi import CdiDeviceNode, read_cdi_specs
 from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
-from otel_numa.sources.errors import SourceError
+from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.sources.files import StatSignature
 from otel_numa.sources.pci import function_numa
 
@@ -89,7 +89,12 @@ class DraPlacer:
                 self._inputs = inputs
         for error in errors:
             self._tracker.failed(error)
-        if not errors:
+        if errors:
+            pass
+        elif self._signature is not None and not any(self._signature):
+            # no CDI directory at all (a node without CDI): the source is absent, as a missing file is
+            self._tracker.failed(SourceMissing("no CDI spec directory: " + ", ".join(map(str, self._dirs))))
+        else:
             self._tracker.succeeded()
         return self._placed
 
