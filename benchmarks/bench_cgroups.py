@@ -36,8 +36,8 @@ from benchmarks.harness import count_series, machine_details, median, percentile
 from otel_numa.agent import Agent
 from otel_numa.catalogue import MetricGroup
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.model import Allocation
-from otel_numa.pipeline import build_pipeline
 from otel_numa.settings import Settings
 from otel_numa.source_status import SourceRegistry
 from otel_numa.sources.cgroups import PAGE_SIZE

@@ -19,13 +19,13 @@ from otel_numa.collectors.background import BackgroundSources
 from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.collectors.kubelet import KubeletCollector
 from otel_numa.collectors.machine import MachineCollector
+from otel_numa.export.pipeline import Pipeline, build_pipeline
 from otel_numa.health_server import HealthServer
-from otel_numa.heap import tidy_after_round
+from otel_numa.heap import HeapPolicy
 from otel_numa.http_server import MetricsServer
 from otel_numa.memo import LastResult
 from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
 from otel_numa.options import AgentOptions
-from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.scheduler import Scheduler
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 
 class Agent:
-    def __init__(self, options: AgentOptions) -> None:
+    def __init__(self, options: AgentOptions, heap: HeapPolicy | None = None) -> None:
+        """``heap``: the long-running process's heap policy (otel_numa.serve); None leaves the heap alone."""
         self.options = options
+        self._heap = heap
         self.sources = SourceRegistry()
         machine = options.machine
         self._machine = MachineCollector(
@@ -137,10 +139,21 @@ class Agent:
             self._health = HealthServer(host, port, lambda: self.store.ready)
             self._health.start()
         self.pipeline = build_pipeline(options, self.store)
+        if self._heap is not None:
+            self.pipeline.after_push = self._heap.after_push
+            if self.pipeline.registry is not None:
+                self.pipeline.registry.after_collection = self._heap.after_collection
         self.background.live_pods_listener = self.pipeline.forget_departed
         if self.pipeline.registry is not None and export.prometheus_address is not None:
             host, port = export.prometheus_address
-            self._prometheus_server = MetricsServer(host, port, self.pipeline.registry, export.tls)
+            self._prometheus_server = MetricsServer(
+                host,
+                port,
+                self.pipeline.registry,
+                export.tls,
+                app=self.pipeline.page_app(),
+                after_response=self._heap.after_response if self._heap is not None else None,
+            )
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh()
         self.scheduler = Scheduler(
@@ -148,7 +161,7 @@ class Agent:
             [*self.background.tasks, self._push],
             min_trigger_gap_s=options.push_min_interval_s,
             periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
-            closing_tasks=[tidy_after_round],
+            closing_tasks=[self._heap.after_round] if self._heap is not None else [],
         )
         self.scheduler.start()
         # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.

@@ -446,6 +446,18 @@ METRICS: tuple[MetricSpec, ...] = (
         meaning="1 when the agent can forget departed pods' series in the installed OpenTelemetry SDK, 0 "
         "when it cannot (then the cardinality limit bounds them; see Pod churn)",
     ),
+    _m(
+        "numa.agent.fast_path",
+        "gauge",
+        "1",
+        G.HEALTH,
+        [],
+        "1 while the accelerated export path serves, 0 on the public OpenTelemetry path.",
+        attributes=(),
+        stability="experimental",
+        meaning="1 while the accelerated export path serves (--fast-path auto on the OpenTelemetry releases "
+        "it was proven on), 0 on the public path (--fast-path off, or another release)",
+    ),
     # numainfo_exporter's series (--compat numainfo) -------------------------------------------------------
     _m(
         "numainfo_node_count",

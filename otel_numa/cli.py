@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
         help="numa.container.memory.usage types, e.g. anon,file (default) or anon,file,kernel_stack,shmem",
     )
     add("--log-level", metavar="LEVEL")
+    add(
+        "--fast-path",
+        metavar="auto|off",
+        help="auto: the accelerated export path where the OpenTelemetry releases are the proven ones; "
+        "off: public APIs only",
+    )
     add("--cri-socket", metavar="auto|none|PATH", help="runtime socket for opt-in enrichment")
     add("--enrich-pod-label", dest="enrich_pod_labels", action="append", metavar="KEY", help="repeatable")
     add("--enrich-pod-annotation", dest="enrich_pod_annotations", action="append", metavar="KEY")

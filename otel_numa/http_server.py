@@ -22,7 +22,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import gzip_accepted
 
-from otel_numa.heap import release_free_memory
 from otel_numa.http_serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving
 from otel_numa.options import TlsOptions
 
@@ -185,11 +184,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 class _PooledWSGIServer(PooledMixIn, WSGIServer):
     thread_name = "metrics-http"
+    # the long-running process's heap policy after a page was sent (otel_numa.heap); none by default
+    after_response: Callable[[], None] = staticmethod(lambda: None)
 
     def shutdown_request(self, request: Any) -> None:
         super().shutdown_request(request)
-        # A page's text and its compressed copy are freed now; give their pages back (well under 1 ms).
-        release_free_memory()
+        self.after_response()
 
 
 class MetricsServer:
@@ -202,11 +202,18 @@ class MetricsServer:
         registry: CollectorRegistry,
         tls: TlsOptions | None = None,
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
+        *,
+        app: WsgiApp | None = None,
+        after_response: Callable[[], None] | None = None,
     ) -> None:
+        """``app``: the page's WSGI app, uncompressed (default: prometheus_client's for ``registry``)."""
         self._reloader = CertificateReloader(tls) if tls is not None else None
         self._stopped = threading.Event()
         self._httpd = _PooledWSGIServer(host, port, _QuietHandler)
-        self._httpd.set_app(compressing(make_wsgi_app(registry, disable_compression=True)))
+        if after_response is not None:
+            self._httpd.after_response = after_response
+        page = app if app is not None else make_wsgi_app(registry, disable_compression=True)
+        self._httpd.set_app(compressing(page))
         self._watcher: threading.Thread | None = None
         if self._reloader is not None:
             # Each handshake starts on the listening context (which fixes whether a client certificate is

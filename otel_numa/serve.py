@@ -37,8 +37,9 @@ log = logging.getLogger("otel_numa")
 def run(options: AgentOptions) -> int:
     """Serve until SIGTERM/SIGINT; flush and exit within 5 s."""
     from otel_numa.agent import Agent  # after logging, so import-time warnings are formatted
+    from otel_numa.heap import HeapPolicy
 
-    agent = Agent(options)
+    agent = Agent(options, heap=HeapPolicy())  # this process runs for months: it owns the heap
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)

@@ -118,6 +118,8 @@ class Settings(BaseSettings):
     # and node. v2 anon, file, kernel_stack, shmem, ...; v1 anon, file, unevictable.
     container_memory_types: Annotated[frozenset[str], NoDecode] = frozenset({"anon", "file"})
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # the accelerated export path where the installed OpenTelemetry releases are the proven ones
+    fast_path: Literal["auto", "off"] = "auto"
     # Opt-in enrichment from the container runtime (CRI): "none" (off), "auto" (containerd or CRI-O) or a path
     cri_socket: str = "none"
     enrich_pod_labels: Annotated[frozenset[str], NoDecode] = frozenset()  # exact label keys
@@ -326,6 +328,7 @@ class Settings(BaseSettings):
                 otlp_timeout_s=self.otlp_timeout,
                 cardinality_limit=self.cardinality_limit,
                 tls=self.tls,
+                fast_path=self.fast_path,
             ),
             log_level=self.log_level,
         )

@@ -68,7 +68,7 @@ def test_the_same_series_in_place_keep_last_times_attributes_tuple() -> None:
     """New values for the same series, in the same order, come as Observations with the very tuple of
     attribute mappings of last time (one comparison for the SDK path to know the series are the same); a
     series more or fewer makes a new tuple."""
-    from otel_numa.sdk_private import Observations
+    from otel_numa.instruments.observations import Observations
 
     current: list[Point] = []
     meter = RecordingMeter()

@@ -18,8 +18,8 @@ import pytest
 from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
 from otel_numa.sdk_private import DepartedSeriesJanitor
+
 from otel_numa.testing.peers import REPO
 
 PINNED = (
@@ -108,7 +108,6 @@ def _observation(uid: str) -> Observation:
 
 def test_every_fast_path_is_installed_on_the_pinned_versions() -> None:
     import prometheus_client.exposition as exposition
-
     from otel_numa.sdk_private import FAST_PATHS, RenderedFamilies, install_family_rendering
 
     FAST_PATHS.install()
@@ -132,11 +131,11 @@ def test_the_page_is_byte_for_byte_what_the_libraries_write(
     same bytes as prometheus_client's own encoders, in both formats, also after an input changed."""
     import prometheus_client.exposition as exposition
     import prometheus_client.openmetrics.exposition as openmetrics
+    from otel_numa.sdk_private import RenderedFamilies
 
     from otel_numa.agent import Agent
     from otel_numa.catalogue import MetricGroup
-    from otel_numa.pipeline import build_pipeline
-    from otel_numa.sdk_private import RenderedFamilies
+    from otel_numa.export.pipeline import build_pipeline
     from otel_numa.settings import Settings
 
     sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
@@ -287,10 +286,10 @@ def test_reused_otlp_requests_equal_the_exporters_own_encoding(
     from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
     from opentelemetry.sdk.metrics import ObservableCounter
     from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
 
     from otel_numa.catalogue import METRICS
     from otel_numa.instruments import register_instruments
-    from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
 
     modules = {
         "grpc": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
@@ -339,10 +338,10 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
     containers of unknown name have fewer attributes, and their families are rendered whole)."""
     import prometheus_client.exposition as exposition
     import prometheus_client.openmetrics.exposition as openmetrics
+    from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
 
     from otel_numa import sdk_private
-    from otel_numa.pipeline import build_pipeline
-    from otel_numa.sdk_private import RenderedFamilies, install_family_rendering
+    from otel_numa.export.pipeline import build_pipeline
 
     monkeypatch.setattr(sdk_private, "SERIES_PER_SLICE", series_per_slice)
     sliced = calls_to(monkeypatch, sdk_private, "_sample_lines")  # the slices after a family's first
@@ -381,7 +380,7 @@ def test_a_scrape_never_holds_a_whole_large_family_of_samples(
     from prometheus_client.samples import Sample
 
     from otel_numa import sdk_private
-    from otel_numa.pipeline import build_pipeline
+    from otel_numa.export.pipeline import build_pipeline
 
     monkeypatch.setattr(sdk_private, "SERIES_PER_SLICE", 4)
     renderer = sdk_private.install_family_rendering()
@@ -418,7 +417,7 @@ def test_between_scrapes_the_page_keeps_no_samples_of_gauges_and_counters(tmp_pa
     while series are new, values change, and series go."""
     import prometheus_client.exposition as exposition
 
-    from otel_numa.pipeline import build_pipeline
+    from otel_numa.export.pipeline import build_pipeline
 
     node, agent = small_node(tmp_path / "node", disable="health")
     pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
@@ -460,7 +459,6 @@ def test_measurements_are_reused_only_for_the_same_list_of_observations(
     """An instrument whose callback hands back the same list gets the Measurements made from it last time;
     a new list, a generator callback, non-finite values and a failing callback behave as the SDK has them."""
     from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
-
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
@@ -519,7 +517,6 @@ def test_unchanged_instruments_repeat_their_points_with_one_cumulative_reader(
     from opentelemetry.sdk.metrics import ObservableCounter
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
     from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
-
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
@@ -601,7 +598,6 @@ def test_new_values_for_the_same_attribute_dicts_are_the_sdks_measurements(
     Measurements with the new values, equal to what the SDK's loop makes; anything else is the SDK's loop."""
     from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
     from opentelemetry.sdk.metrics._internal.measurement import Measurement
-
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
@@ -657,7 +653,6 @@ def test_new_values_for_the_same_series_are_the_sdks_points_without_its_collecti
     one attribute set appears twice, and a view that drops attribute keys, take the SDK's path."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
     from opentelemetry.sdk.metrics.view import View
-
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
@@ -741,9 +736,9 @@ def test_the_agents_own_series_keep_their_attribute_dict_in_the_sdk_and_others_g
     copy. The values are the SDK's either way."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
     from opentelemetry.sdk.metrics.view import View
-
-    from otel_numa.pipeline import METER_NAME
     from otel_numa.sdk_private import FAST_PATHS
+
+    from otel_numa.export.pipeline import METER_NAME
 
     FAST_PATHS.install(own_meter=METER_NAME)
     sdk_consumes = calls_to(monkeypatch, _ViewInstrumentMatch.__dict__["consume_measurement"], "_consume")
@@ -781,8 +776,9 @@ def test_a_series_with_a_new_dict_keeps_only_that_dict_and_own_series_share_one_
     one lock; another meter's keep one each."""
     import threading
 
-    from otel_numa.pipeline import METER_NAME
     from otel_numa.sdk_private import FAST_PATHS
+
+    from otel_numa.export.pipeline import METER_NAME
 
     FAST_PATHS.install(own_meter=METER_NAME)
     rounds: list[list[Observation]] = []
@@ -830,8 +826,9 @@ def test_series_no_longer_observed_leave_the_sdk_at_once_for_the_agents_meter_on
     """An attribute set the agent's instrument stops observing (a pod still alive, placed anew) leaves the
     SDK's storage at that collection, not when its pod goes; observed again, it is a new series with a new
     start time. Another meter's sets stay, as the SDK keeps them."""
-    from otel_numa.pipeline import METER_NAME
     from otel_numa.sdk_private import FAST_PATHS
+
+    from otel_numa.export.pipeline import METER_NAME
 
     FAST_PATHS.install(own_meter=METER_NAME)
     observed: dict[str, list[Observation]] = {}
@@ -880,7 +877,6 @@ def test_points_written_without_measurements_get_them_when_the_sdk_collects_agai
     go through the SDK (the janitor replaced the aggregations), its Measurements are made from it, with
     its values."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
-
     from otel_numa.sdk_private import FAST_PATHS
 
     FAST_PATHS.install()
@@ -916,9 +912,9 @@ def test_a_reused_otlp_request_gets_the_new_start_of_a_series_the_janitor_forgot
     import sys
 
     from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
-
-    from otel_numa.pipeline import METER_NAME
     from otel_numa.sdk_private import FAST_PATHS, reuse_otlp_requests
+
+    from otel_numa.export.pipeline import METER_NAME
 
     module = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
     __import__(module)
@@ -956,9 +952,9 @@ def test_the_agents_observed_series_are_slotted_and_give_the_sdks_points_in_eith
     from opentelemetry.sdk.metrics import ObservableCounter, ObservableGauge, ObservableUpDownCounter
     from opentelemetry.sdk.metrics.export import AggregationTemporality
     from opentelemetry.sdk.metrics.view import View
-
-    from otel_numa.pipeline import _NO_EXEMPLARS, METER_NAME, _no_exemplars
     from otel_numa.sdk_private import FAST_PATHS
+
+    from otel_numa.export.pipeline import _NO_EXEMPLARS, METER_NAME, _no_exemplars
 
     FAST_PATHS.install(own_meter=METER_NAME, stateless_reservoir=_NO_EXEMPLARS)
     delta = AggregationTemporality.DELTA
@@ -1071,7 +1067,6 @@ def test_slim_points_are_the_sdks_number_data_points_in_a_third_of_the_memory() 
     import sys
 
     from opentelemetry.sdk.metrics.export import NumberDataPoint
-
     from otel_numa.sdk_private import SlimPoint, slim_point
 
     attributes: dict[str, str | int] = {"k8s.pod.uid": "a", "numa.node.id": 1}
@@ -1131,7 +1126,6 @@ def test_observations_in_columns_with_last_times_attributes_tuple_skip_the_sdks_
     goes through its loop, with the points it makes."""
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
     from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
-
     from otel_numa.sdk_private import FAST_PATHS, Observations
 
     FAST_PATHS.install()
@@ -1175,9 +1169,9 @@ def test_an_instruments_series_are_one_tuple_in_every_stage_that_keeps_them(tmp_
     import prometheus_client.exposition as exposition
     from opentelemetry.sdk.metrics._internal.instrument import _Asynchronous
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
-
-    from otel_numa.pipeline import build_pipeline
     from otel_numa.sdk_private import Observations, reuse_otlp_requests
+
+    from otel_numa.export.pipeline import build_pipeline
 
     module = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
     __import__(module)

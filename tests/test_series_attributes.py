@@ -55,8 +55,9 @@ def test_same_attributes_compares_an_instruments_new_dict_with_the_kept_mapping(
 
 
 def test_the_sdk_keys_the_series_by_the_mapping_itself_and_exports_its_items() -> None:
-    from otel_numa.pipeline import METER_NAME
     from otel_numa.sdk_private import FAST_PATHS
+
+    from otel_numa.export.pipeline import METER_NAME
 
     FAST_PATHS.install(own_meter=METER_NAME)
     attributes = series_attributes(POD)

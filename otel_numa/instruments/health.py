@@ -59,3 +59,12 @@ OBSERVERS: dict[str, Observe] = {
     "numa.agent.stage.success": _stage_success,
     "numa.agent.series.forgetting": _forgetting,
 }
+
+
+def fast_path_observers(fast_path: bool) -> dict[str, Observe]:
+    """``numa.agent.fast_path``: which export path the pipeline chose when it was built."""
+
+    def _fast_path(_snapshot: Snapshot) -> Iterator[Point]:
+        yield int(fast_path), {}
+
+    return {"numa.agent.fast_path": _fast_path}
