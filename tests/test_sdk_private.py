@@ -221,3 +221,30 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
         assert b"numa_container_memory_usage_bytes" in {call[0].text.split(b" ")[2] for call in written_in}
         assert bool(sliced) is (series_per_slice == 5)
         pipeline.shutdown(timeout_s=1)
+
+
+def test_no_private_name_of_the_libraries_is_imported_when_a_module_is_imported() -> None:
+    """Module-level imports of the package name no private module or name of the OpenTelemetry packages or
+    prometheus_client (a renamed one would stop the agent at start-up), and outside the patches
+    (otel_numa/export/fast/) no private module or name of theirs is imported at all."""
+    import ast
+
+    libraries = ("opentelemetry", "prometheus_client")
+    package = REPO / "otel_numa"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if "proto" in path.parts or "testing" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        in_patch = path.parent.name == "fast"
+        nodes = tree.body if in_patch else list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(libraries):
+                names = [node.module or "", *(alias.name for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names if alias.name.startswith(libraries)]
+            else:
+                continue
+            if any(part.startswith("_") for name in names for part in name.split(".")):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []
