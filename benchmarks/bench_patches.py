@@ -9,6 +9,7 @@ path, the fast path with every patch, and the fast path with each patch left off
   (the machine is shared: process CPU time, not wall time); "unchanged" with no input changed, "fresh" with
   new cgroup values before each cycle (the background refresh itself is not counted: it is the same on
   both paths).
+- The daemon's heap policy applies (otel_numa.heap.HeapPolicy), as in the serving agent.
 - Memory: what the export path holds after five fresh cycles (tracemalloc, after a full collection),
   measured in the same process after the CPU runs, on a second pipeline.
 
@@ -53,8 +54,11 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
     from otel_numa.agent import Agent
     from otel_numa.export.fast import PATCHES, PUBLIC, FastPath
     from otel_numa.export.pipeline import build_pipeline
+    from otel_numa.heap import HeapPolicy
     from otel_numa.settings import Settings
     from otel_numa.testing.wsgi import call_wsgi
+
+    heap = HeapPolicy()
 
     class Encoding(MetricExporter):
         def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
@@ -80,6 +84,9 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
             otlp_exporter_factory=lambda _export: Encoding(),
             fast_path=path,
         )
+        assert pipeline.registry is not None
+        pipeline.after_push = heap.after_push
+        pipeline.registry.after_collection = heap.after_collection
         app = pipeline.page_app()
 
         def cycle() -> None:

@@ -84,7 +84,7 @@ def test_every_patch_passes_its_check_and_auto_turns_them_all_on() -> None:
     assert choose("auto").patches == {patch.name for patch in PATCHES}
     assert not choose("off")
     off = choose("auto", {"OTEL_NUMA_FAST_PATH_PATCHES_OFF": "rendered_families, shared_collection"})
-    assert off.patches == {"forget_departed", "reused_translations"}
+    assert off.patches == {"forget_departed", "repeated_points", "reused_translations"}
 
 
 def test_the_janitor_finds_the_sdk_shape_it_needs_and_forgets_only_departed_pods() -> None:
@@ -248,3 +248,33 @@ def test_no_private_name_of_the_libraries_is_imported_when_a_module_is_imported(
             if any(part.startswith("_") for name in names for part in name.split(".")):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == []
+
+
+def test_unchanged_instruments_repeat_their_points_and_give_the_sdks_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the page's reader the only one, instruments whose inputs did not change repeat their last
+    points (no Measurement, no aggregation); the page is the public path's all along."""
+    from prometheus_client import generate_latest
+
+    from otel_numa.export.fast import PUBLIC
+    from otel_numa.export.fast import repeated_points as module
+    from otel_numa.export.pipeline import build_pipeline
+
+    repeated = calls_to(monkeypatch, module._Collected, "points")
+    node, agent = small_node(tmp_path / "node", disable="health")
+    fast = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    public = build_pipeline(agent.options, agent.store, exporters=("prometheus",), fast_path=PUBLIC)
+    assert fast.fast_path.on("repeated_points") and fast.registry and public.registry
+    per_generation = []
+    for generation in generations(node, agent):
+        repeated.clear()
+        assert generate_latest(fast.registry) == generate_latest(public.registry), generation
+        fast.forget_departed(agent.background.live_pods())
+        public.forget_departed(agent.background.live_pods())
+        per_generation.append(len(repeated))
+    # the first collection makes every point; later ones repeat the instruments whose inputs stayed
+    assert per_generation[0] == 0 and per_generation[1] > 10
+    assert min(per_generation[1:]) > 0
+    fast.shutdown(timeout_s=1)
+    public.shutdown(timeout_s=1)

@@ -33,6 +33,7 @@ from otel_numa import __version__
 from otel_numa.export.fast import FastPath, choose
 from otel_numa.export.fast.forget_departed import DepartedSeriesJanitor
 from otel_numa.export.fast.rendered_families import WSGIApp, page_app
+from otel_numa.export.fast.repeated_points import repeat_points
 from otel_numa.export.fast.reused_translations import reuse_translations
 from otel_numa.export.fast.shared_collection import SharedPrometheusReader
 from otel_numa.export.rebuild import RebuildPlan
@@ -326,6 +327,8 @@ def build_pipeline(
             options.node_name,
             fast_path=bool(fast),
         )
+        if fast.on("repeated_points"):
+            repeat_points(provider)  # only where the page's reader is the only one
         janitor = DepartedSeriesJanitor(provider) if fast.on("forget_departed") else None
         return _Readers(provider, pushes, held, janitor)
 

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from otel_numa.export.fast import forget_departed, rendered_families, reused_translations, shared_collection
+from otel_numa.export.fast import (
+    forget_departed,
+    rendered_families,
+    repeated_points,
+    reused_translations,
+    shared_collection,
+)
 from otel_numa.export.fast.patch import Patch
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,7 @@ PROVEN_RELEASES: Mapping[str, str] = {
 PATCHES: tuple[Patch, ...] = (
     forget_departed.PATCH,
     shared_collection.PATCH,
+    repeated_points.PATCH,
     reused_translations.PATCH,
     rendered_families.PATCH,
 )
