@@ -225,7 +225,7 @@ def _check() -> str | None:
                         (
                             metric.name,
                             dict(point.attributes or {}),
-                            point.value,
+                            getattr(point, "value", None),
                             bool(point.start_time_unix_nano),
                         )
                         for resource in (data.resource_metrics if data is not None else ())
