@@ -185,13 +185,15 @@ class Pipeline:
     def rebuild(self) -> None:
         """Replace the MeterProvider and its readers: every series starts afresh (counters with a new start
         time). The pushes first export what the old readers hold; the new delta readers are primed with a
-        collection that is not sent, so no delta is lost or counted twice."""
-        with self._lock, self.store.pinned():
-            old = self._readers
+        collection that is not sent, so no delta is lost or counted twice. Scrapes wait only for the swap,
+        never for a push to the collector."""
+        old = self._readers
+        with self.store.pinned():
             for push in old.pushes:
                 push(5_000)
+        with self._lock, self.store.pinned():
             for held in old.held:
-                held.dropping = True
+                held.dropping = True  # a push still running on the old readers sends nothing more
             old.provider.shutdown(timeout_millis=1_000)  # unregisters the old reader from the page
             new = self._build()
             for held in new.held:
@@ -206,13 +208,14 @@ class Pipeline:
         self._plan.rebuilt()
 
     def push(self, timeout_s: float = 5.0) -> None:
-        """Export one collection to every push exporter."""
-        with self._lock:
-            if not self._readers.pushes:
-                return
-            with self.store.pinned():
-                for push in self._readers.pushes:
-                    push(timeout_s * 1000)
+        """Export one collection to every push exporter (without holding the page: a collector that hangs
+        delays no scrape)."""
+        readers = self._readers
+        if not readers.pushes:
+            return
+        with self.store.pinned():
+            for push in readers.pushes:
+                push(timeout_s * 1000)
         self.after_push()
 
     def shutdown(self, timeout_s: float) -> None:
