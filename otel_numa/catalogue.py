@@ -440,11 +440,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "1",
         G.HEALTH,
         [],
-        "1 when departed pods' series are forgotten, 0 when this OpenTelemetry SDK does not allow it.",
+        "1 when departed pods' series are forgotten (in place, or by a planned rebuild of the readers).",
         attributes=(),
         stability="experimental",
-        meaning="1 when the agent can forget departed pods' series in the installed OpenTelemetry SDK, 0 "
-        "when it cannot (then the cardinality limit bounds them; see Pod churn)",
+        meaning="1 when the agent forgets departed pods' series: in place on the accelerated export path, by "
+        "a planned rebuild of the readers on the public path",
     ),
     _m(
         "numa.agent.fast_path",

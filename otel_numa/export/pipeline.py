@@ -161,9 +161,9 @@ class Pipeline:
 
     @property
     def forgetting_supported(self) -> bool:
-        """Departed pods' series are forgotten: by the janitor, or else by rebuilding the readers."""
-        janitor = self._readers.janitor
-        return janitor is None or janitor.supported
+        """Departed pods' series are always forgotten: in place by the janitor where it serves, else by a
+        planned rebuild of the readers (:meth:`forget_departed`)."""
+        return True
 
     def page_app(self) -> WSGIApp:
         """The page's WSGI app (uncompressed; the server compresses)."""
