@@ -171,13 +171,16 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
         "cycle of one OTLP push and one scrape, unchanged inputs and fresh cgroup values; memory the export",
         "path holds). Method: `benchmarks/bench_patches.py`; figures written by `" + command + "`.",
         "A patch that gains less than 5% in both CPU and memory on both nodes is deleted, unless it is",
-        "there for correctness rather than speed (`forget_departed`).",
+        "there for correctness rather than speed (`forget_departed`). The machine measured is shared and",
+        "noisy (process CPU time, medians of cycles and of repeats).",
         "",
     ]
     for patch in PATCHES:
         out += [f"## `{patch.name}`", "", f"Replaces: {patch.replaces}.", ""]
         names = ", ".join(f"`{name}`" for name in patch.private_names) or "none"
         out += [f"Private names: {names}.", ""]
+        if patch.kept_for:
+            out += [f"Kept for correctness: {patch.kept_for}; its speed figures are noise.", ""]
         out += ["| node | CPU, unchanged | CPU, fresh | memory |", "|---|---|---|---|"]
         for tree, by_config in results.items():
             every, without = by_config["all"], by_config[patch.name]

@@ -10,6 +10,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_numa.catalogue import METRICS
 from otel_numa.instruments.base import Instruments, Point
+from otel_numa.instruments.observations import Observations
 from otel_numa.snapshot import Snapshot, SnapshotStore
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
@@ -42,8 +43,12 @@ def test_each_series_keeps_its_first_attribute_dict_in_place_reordered_and_besid
     (callback,) = meter.callbacks
 
     def observe(*points: tuple[int, str]) -> list[Observation]:
+        """The observations as the instrument keeps them (iterated, they carry plain copies for the SDK)."""
         current[:] = [(value, {"pod": pod, "numa": 0}) for value, pod in points]  # new dicts every time
-        return list(callback(CallbackOptions()))
+        made = callback(CallbackOptions())
+        assert isinstance(made, Observations)
+        pairs = zip(made.values, made.attributes, strict=True)
+        return [Observation(value, attributes) for value, attributes in pairs]
 
     first = observe((1, "a"), (2, "b"))
     dicts = {str(o.attributes["pod"]): o.attributes for o in first if o.attributes is not None}

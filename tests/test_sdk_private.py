@@ -278,3 +278,14 @@ def test_unchanged_instruments_repeat_their_points_and_give_the_sdks_page(
     assert min(per_generation[1:]) > 0
     fast.shutdown(timeout_s=1)
     public.shutdown(timeout_s=1)
+
+
+def test_the_ledger_lists_every_patch_with_its_private_names_and_gains_on_both_nodes() -> None:
+    ledger = (REPO / "docs" / "patches.md").read_text()
+    sections = re.findall(r"^## `(\w+)`$", ledger, flags=re.MULTILINE)
+    assert sections == [patch.name for patch in PATCHES]
+    for patch in PATCHES:
+        section = ledger.split(f"## `{patch.name}`")[1].split("\n## ")[0]
+        assert all(f"`{name}`" in section for name in patch.private_names), patch.name
+        assert re.search(r"^\| 2x32 \| [+-]\d+% \|", section, flags=re.MULTILINE), patch.name
+        assert re.search(r"^\| 8x48 \| [+-]\d+% \|", section, flags=re.MULTILINE), patch.name

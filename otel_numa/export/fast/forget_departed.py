@@ -163,4 +163,5 @@ PATCH = Patch(
         "_Aggregation._attributes",
     ),
     check=_check,
+    kept_for="live pods' series keep their start times through pod churn, and the readers are never rebuilt",
 )

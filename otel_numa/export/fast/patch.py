@@ -18,3 +18,5 @@ class Patch:
     # Tries the patch on throwaway objects of the installed libraries: None when it gives exactly what the
     # public path gives, else why not. Any exception it raises means "not this shape".
     check: Callable[[], str | None]
+    # set for a patch kept for what it does rather than for speed (the ledger's 5% rule does not apply)
+    kept_for: str = ""
