@@ -47,7 +47,7 @@ from benchmarks.harness import (
 from otel_numa.cli.settings import OtlpProtocol, Settings
 from otel_numa.daemon.agent import Agent
 from otel_numa.daemon.heap import release_free_memory, tidy_after_round
-from otel_numa.pipeline import build_pipeline
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.testing.large_node import LargeNode, large_node_at, write_large_node
 from otel_numa.testing.peers import REPO, run_rotel
 

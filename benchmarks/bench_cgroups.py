@@ -35,9 +35,9 @@ from prometheus_client import generate_latest
 from benchmarks.harness import count_series, machine_details, median, percentile
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.model import Allocation
-from otel_numa.pipeline import build_pipeline
 from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.cgroups import PAGE_SIZE

@@ -77,6 +77,7 @@ class ExportOptions:
     otlp_timeout_s: float
     cardinality_limit: int
     tls: TlsOptions | None = None
+    fast_path: str = "auto"  # auto, off (otel_numa.export.fast)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ The agent keeps one attribute mapping per series for the series' life, shared by
 OpenTelemetry SDK's aggregation and the exporters. A dict of six to eight attributes takes 272 bytes, and the
 SDK needs a hashable key for it besides (another ~100). This tuple is both, in ~100 bytes: equal attribute
 sets are equal tuples (the keys come sorted, and one keys tuple is shared by every series with those keys),
-so the SDK's attribute-set key can be the mapping itself (otel_numa.sdk_private). Only flat attributes, string
+and comparing two series is one comparison. Only flat attributes, string
 keys with string or integer values (the agent's), take this form.
 """
 

@@ -145,6 +145,8 @@ class Settings(BaseSettings):
     """numa.container.memory.usage types (any memory.numa_stat name: anon, file, kernel_stack, shmem)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """debug, info, warning or error."""
+    fast_path: Literal["auto", "off"] = "auto"
+    """auto: the accelerated export path on the OpenTelemetry releases it was proven on; off: public APIs."""
     cri_socket: str = "none"
     """Container runtime socket for opt-in enrichment: none, auto (containerd or CRI-O) or a path."""
     enrich_pod_labels: Annotated[frozenset[str], NoDecode] = frozenset()
@@ -373,6 +375,7 @@ class Settings(BaseSettings):
                 otlp_timeout_s=self.otlp_timeout,
                 cardinality_limit=self.cardinality_limit,
                 tls=self.tls,
+                fast_path=self.fast_path,
             ),
             log_level=self.log_level,
         )
@@ -451,6 +454,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("container-memory-types", "container_memory_types", "LIST"),
     Flag("cardinality-limit", "cardinality_limit", "N"),
     Flag("log-level", "log_level", "LEVEL"),
+    Flag("fast-path", "fast_path", "auto|off"),
     Flag("cri-socket", "cri_socket", "auto|none|PATH"),
     Flag("enrich-pod-label", "enrich_pod_labels", "KEY", repeatable=True),
     Flag("enrich-pod-annotation", "enrich_pod_annotations", "KEY", repeatable=True),

@@ -16,14 +16,14 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from otel_numa.accounting.allocation import compute_allocation
-from otel_numa.daemon.heap import release_free_memory, tidy_after_round
+from otel_numa.daemon.heap import HeapPolicy
 from otel_numa.daemon.scheduler import Scheduler
 from otel_numa.endpoints.health import HealthServer
 from otel_numa.endpoints.metrics_page import MetricsServer
+from otel_numa.export.pipeline import Pipeline, build_pipeline
 from otel_numa.instruments.catalogue import PROCESS_METRICS
 from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage, ProcessUsage
 from otel_numa.options import AgentOptions
-from otel_numa.pipeline import Pipeline, build_pipeline
 from otel_numa.snapshot.collectors.background import BackgroundSources
 from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.snapshot.collectors.dra import DraPlacer
@@ -54,8 +54,11 @@ class CannotListen(OSError):
 
 
 class Agent:
-    def __init__(self, options: AgentOptions) -> None:
+    def __init__(self, options: AgentOptions, heap: HeapPolicy | None = None) -> None:
+        """``heap``: the long-running process's heap policy (otel_numa.daemon.serve); None leaves the heap
+        alone."""
         self.options = options
+        self._heap = heap
         self.sources = SourceRegistry()
         machine = options.machine
         self._machine = MachineCollector(
@@ -204,12 +207,21 @@ class Agent:
                 raise CannotListen("health_address", host, port, exc) from exc
             self._health.start()
         self.pipeline = build_pipeline(options, self.store)
+        if self._heap is not None:
+            self.pipeline.after_push = self._heap.after_push
+            if self.pipeline.registry is not None:
+                self.pipeline.registry.after_collection = self._heap.after_collection
         self.background.live_pods_listener = self.pipeline.forget_departed
         if self.pipeline.registry is not None and export.prometheus_address is not None:
             host, port = export.prometheus_address
             try:
                 self._prometheus_server = MetricsServer(
-                    host, port, self.pipeline.registry, export.tls, after_request=release_free_memory
+                    host,
+                    port,
+                    self.pipeline.registry,
+                    export.tls,
+                    app=self.pipeline.page_app(),
+                    after_response=self._heap.after_response if self._heap is not None else None,
                 )
             except OSError as exc:
                 raise CannotListen("prometheus_address", host, port, exc) from exc
@@ -220,7 +232,7 @@ class Agent:
             [*self.background.tasks, self._push],
             min_trigger_gap_s=options.push_min_interval_s,
             periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
-            closing_tasks=[tidy_after_round],
+            closing_tasks=[self._heap.after_round] if self._heap is not None else [],
         )
         self.scheduler.start()
         # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.

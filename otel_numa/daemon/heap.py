@@ -1,5 +1,8 @@
-"""The process's heap: what the agent does so that a long-running process stays small and collects
-cheaply."""
+"""The process's heap: what the long-running agent does so that it stays small and collects cheaply.
+
+Only the daemon's entry point (otel_numa.daemon.serve) makes a :class:`HeapPolicy` and hands it to the agent,
+whose pipeline, page server and scheduler call its hooks. ``--once``, the tests and any program that builds
+a pipeline leave the heap as Python sets it."""
 
 from __future__ import annotations
 
@@ -77,3 +80,24 @@ def release_free_memory() -> None:
     nothing happens where the C library has no such call."""
     if _TRIM is not None:
         _TRIM(0)
+
+
+class HeapPolicy:
+    """The hooks through which a long-running process applies the policy above."""
+
+    def after_collection(self) -> None:
+        """After a scrape's collection: freeze what the first one left alive."""
+        freeze_long_lived_objects()
+
+    def after_push(self) -> None:
+        """After a push: freeze, and give back what the encoding left behind (once per push interval)."""
+        freeze_long_lived_objects()
+        release_free_memory()
+
+    def after_response(self) -> None:
+        """After a page was sent: its text and compressed copy are freed; give their pages back."""
+        release_free_memory()
+
+    def after_round(self) -> None:
+        """At the end of a background round on the timer."""
+        tidy_after_round()

@@ -41,8 +41,9 @@ def run(options: AgentOptions) -> int:
         Agent,
         CannotListen,
     )
+    from otel_numa.daemon.heap import HeapPolicy
 
-    agent = Agent(options)
+    agent = Agent(options, heap=HeapPolicy())  # this process runs for months: it owns the heap
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)

@@ -183,13 +183,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 class _PooledWSGIServer(PooledMixIn, WSGIServer):
     thread_name = "metrics-http"
-    # what the serving process does once a page's text and its compressed copy are freed (the daemon
-    # gives their memory back); nothing for a library user
-    after_request: Callable[[], None] = staticmethod(lambda: None)
+    # the long-running process's heap policy after a page was sent (otel_numa.daemon.heap); none by default
+    after_response: Callable[[], None] = staticmethod(lambda: None)
 
     def shutdown_request(self, request: Any) -> None:
         super().shutdown_request(request)
-        self.after_request()
+        self.after_response()
 
 
 class MetricsServer:
@@ -202,14 +201,18 @@ class MetricsServer:
         registry: CollectorRegistry,
         tls: TlsOptions | None = None,
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
-        after_request: Callable[[], None] | None = None,
+        *,
+        app: WsgiApp | None = None,
+        after_response: Callable[[], None] | None = None,
     ) -> None:
+        """``app``: the page's WSGI app, uncompressed (default: prometheus_client's for ``registry``)."""
         self._reloader = CertificateReloader(tls) if tls is not None else None
         self._stopped = threading.Event()
         self._httpd = _PooledWSGIServer(host, port, _QuietHandler)
-        if after_request is not None:
-            self._httpd.after_request = after_request
-        self._httpd.set_app(compressing(make_wsgi_app(registry, disable_compression=True)))
+        if after_response is not None:
+            self._httpd.after_response = after_response
+        page = app if app is not None else make_wsgi_app(registry, disable_compression=True)
+        self._httpd.set_app(compressing(page))
         self._watcher: threading.Thread | None = None
         if self._reloader is not None:
             # Each handshake starts on the listening context (which fixes whether a client certificate is

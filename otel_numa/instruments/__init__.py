@@ -20,25 +20,29 @@ def _container_usage(snapshot: Snapshot) -> object:
     return snapshot.container_usage
 
 
-def observers(node_name: str) -> Mapping[str, tuple[Observe, Part | None]]:
+def observers(node_name: str, fast_path: bool = False) -> Mapping[str, tuple[Observe, Part | None]]:
     """Every catalogue metric's callback body, by OTel name, with the snapshot part it depends on only
-    (``None``: it changes with every collection)."""
+    (``None``: it changes with every collection); ``fast_path``: whether the accelerated export path
+    serves."""
     found: dict[str, tuple[Observe, Part | None]] = dict(machine.OBSERVERS)
     for bodies, part in (
         (allocation.OBSERVERS, _allocation),
         (enrichment.OBSERVERS, _allocation),
         (container_usage.OBSERVERS, _container_usage),
         (health.OBSERVERS, None),
+        (health.fast_path_observers(fast_path), None),
         (compat.observers(node_name), None),
     ):
         found.update((name, (body, part)) for name, body in bodies.items())
     return found
 
 
-def register_instruments(meter: Meter, store: SnapshotStore, metrics: Iterable[str], node_name: str) -> None:
+def register_instruments(
+    meter: Meter, store: SnapshotStore, metrics: Iterable[str], node_name: str, *, fast_path: bool = False
+) -> None:
     """One observable instrument per enabled metric, as the catalogue describes it."""
     instruments = Instruments(meter, store)
-    bodies = observers(node_name)
+    bodies = observers(node_name, fast_path)
     for name in metrics:
         observe, part = bodies[name]
         instruments.add(BY_NAME[name], observe, part)

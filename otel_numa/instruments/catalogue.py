@@ -458,11 +458,23 @@ METRICS: tuple[MetricSpec, ...] = (
         "1",
         G.HEALTH,
         [],
-        "1 when departed pods' series are forgotten, 0 when this OpenTelemetry SDK does not allow it.",
+        "1 when departed pods' series are forgotten (in place, or by a planned rebuild of the readers).",
         attributes=(),
         stability="experimental",
-        meaning="1 when the agent can forget departed pods' series in the installed OpenTelemetry SDK, 0 "
-        "when it cannot (then the cardinality limit bounds them; see Pod churn)",
+        meaning="1 when the agent forgets departed pods' series: in place on the accelerated export path, by "
+        "a planned rebuild of the readers on the public path",
+    ),
+    _m(
+        "numa.agent.fast_path",
+        "gauge",
+        "1",
+        G.HEALTH,
+        [],
+        "1 while the accelerated export path serves, 0 on the public OpenTelemetry path.",
+        attributes=(),
+        stability="experimental",
+        meaning="1 while the accelerated export path serves (--fast-path auto on the OpenTelemetry releases "
+        "it was proven on), 0 on the public path (--fast-path off, or another release)",
     ),
     # the agent's own process (OpenTelemetry's process semantic conventions) -------------------------------
     _m(

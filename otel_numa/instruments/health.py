@@ -85,3 +85,12 @@ OBSERVERS: dict[str, Observe] = {
     "process.open_file_descriptor.count": _process_fds,
     "process.thread.count": _process_threads,
 }
+
+
+def fast_path_observers(fast_path: bool) -> dict[str, Observe]:
+    """``numa.agent.fast_path``: which export path the pipeline chose when it was built."""
+
+    def _fast_path(_snapshot: Snapshot) -> Iterator[Point]:
+        yield int(fast_path), {}
+
+    return {"numa.agent.fast_path": _fast_path}

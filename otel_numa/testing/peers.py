@@ -88,17 +88,22 @@ class AgentProcess:
         return self.process.wait(timeout=timeout_s)
 
 
-def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "otel_numa", *args]
+def agent_command(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "otel_numa", *args]
 
 
 @contextmanager
 def run_agent(
-    args: Sequence[str], tmp_path: Path, env: dict[str, str] | None = None, prometheus: bool = True
+    args: Sequence[str],
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    prometheus: bool = True,
+    python: str = sys.executable,
 ) -> Iterator[AgentProcess]:
+    """The agent in a subprocess of ``python`` (an interpreter with the agent installed), ready."""
     prometheus_port = free_port() if prometheus else None
     health_port = free_port()
-    command = agent_command(*args, "--health-address", f"127.0.0.1:{health_port}")
+    command = agent_command(*args, "--health-address", f"127.0.0.1:{health_port}", python=python)
     if prometheus_port is not None:
         command += ["--prometheus-address", f"127.0.0.1:{prometheus_port}"]
     log_path = tmp_path / f"agent-{health_port}.log"

@@ -65,11 +65,12 @@ class Churn:
         return generate_latest(self.agent.pipeline.registry).decode()
 
 
-def started_agent(node: KubeletScenario, server: PodResourcesServer) -> Agent:
+def started_agent(node: KubeletScenario, server: PodResourcesServer, fast_path: str = "auto") -> Agent:
     agent = node.agent(
         podresources_socket=str(server.socket_path),
         cardinality_limit=CARDINALITY_LIMIT,
         interval=3600,  # the scheduler's own first round only; the test runs the others
+        fast_path=fast_path,
     )
     agent.start()
     assert agent.scheduler is not None
@@ -78,12 +79,12 @@ def started_agent(node: KubeletScenario, server: PodResourcesServer) -> Agent:
     return agent
 
 
-def batches_without_the_janitor(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+def batches_without_live_pods(
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
 ) -> list[str]:
-    """The pages of 11 batches (more pods than the cardinality limit); the janitor never hears who lives."""
+    """The pages of 11 batches (more pods than the cardinality limit); the pipeline never hears who lives."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server)
+    agent = started_agent(node, server, fast_path)
     monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
     assert agent.scheduler is not None
     agent.scheduler._tasks = [*agent.background.tasks, agent._push]
@@ -99,11 +100,16 @@ def rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+@pytest.mark.parametrize("fast_path", ["auto", "off"])
 def test_five_thousand_pods_leave_no_overflow_no_stale_series_and_no_leak(
-    tmp_path: Path, server: PodResourcesServer
+    tmp_path: Path, server: PodResourcesServer, fast_path: str
 ) -> None:
+    """The fast path forgets departed pods' series in place; the public path rebuilds its readers once as
+    many pods departed as live (otel_numa.export.rebuild)."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server)
+    agent = started_agent(node, server, fast_path)
+    assert agent.pipeline is not None
+    assert bool(agent.pipeline.fast_path) is (fast_path == "auto")
     churn = Churn(node, server, agent)
     try:
         churn.next_batch()
@@ -122,27 +128,19 @@ def test_five_thousand_pods_leave_no_overflow_no_stale_series_and_no_leak(
         "otel_metric_overflow" in str(key) for samples in parse_exposition(text).values() for key in samples
     )
     assert grown < 10 * 1024 * 1024, f"RSS grew by {grown / 1024 / 1024:.1f} MiB"
+    # the public path rebuilt once 100 departed pods piled up: every batch or two
+    if fast_path == "auto":
+        assert agent.pipeline.rebuilds == 0
+    else:
+        assert 20 <= agent.pipeline.rebuilds <= 49
 
 
+@pytest.mark.parametrize("fast_path", ["auto", "off"])
 def test_without_forgetting_the_sdk_folds_new_pods_into_overflow(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
 ) -> None:
-    """The control: the SDK's behaviour the design works around (so the test above can fail), with both
-    ways of forgetting off: the janitor's departed pods and the sets a collection no longer observed."""
-    from opentelemetry.sdk.metrics._internal._view_instrument_match import _ViewInstrumentMatch
-
-    monkeypatch.setattr(_ViewInstrumentMatch.__dict__["collect"]._collect, "_own_meters", set())
-    texts = batches_without_the_janitor(tmp_path, server, monkeypatch)
+    """The control: the SDK's behaviour the design works around (so the test above can fail), when the
+    pipeline never hears which pods live."""
+    texts = batches_without_live_pods(tmp_path, server, monkeypatch, fast_path)
     assert "otel_metric_overflow" not in texts[0]
     assert "otel_metric_overflow" in texts[-1]
-
-
-def test_without_the_janitor_collections_alone_forget_departed_pods(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A departed pod's sets are no longer observed, so the collection after it left forgets them even when
-    the janitor never hears of live pods."""
-    texts = batches_without_the_janitor(tmp_path, server, monkeypatch)
-    assert not any("otel_metric_overflow" in text for text in texts)
-    pods = {dict(key)["k8s_pod_uid"] for key in series(texts[-1], "numa_container_cpu_allocated")}
-    assert pods == {uid(i) for i in range(1_000, 1_100)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import math
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -17,9 +19,9 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
-from otel_numa.daemon.heap import YOUNG_OBJECTS_BEFORE_COLLECTION
+from otel_numa.daemon.heap import YOUNG_OBJECTS_BEFORE_COLLECTION, HeapPolicy
 from otel_numa.daemon.serve import with_allocator_tunables
-from otel_numa.pipeline import build_pipeline
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.testing.kubelet_scenario import build_scenario
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 from otel_numa.testing.sysfs_tree import uniform_nodes
@@ -87,12 +89,55 @@ def test_rounds_with_new_values_and_departing_pods_leave_no_reference_cycles(tmp
         pipeline.push(timeout_s=5)
         page = exposition.generate_latest(pipeline.registry)
         openmetrics.generate_latest(pipeline.registry)  # type: ignore[no-untyped-call]
-        if round_ == 1:
+        if round_ == 1:  # from here on, only what the rounds leave: the start-up's cycles (the fast
+            gc.set_debug(0)  # path's checks on throwaway providers) are freed, not saved
             gc.collect()
-            gc.garbage.clear()  # from here on, only what the rounds leave
+            gc.set_debug(gc.DEBUG_SAVEALL)
     assert b"numa_container_memory_usage_bytes{" in page and b"numa.container.cpu.time" in exporter.last
     assert gc.collect() == 0, Counter(type(item).__name__ for item in gc.garbage).most_common(5)
     pipeline.shutdown(timeout_s=1)
+
+
+def test_without_the_daemon_the_heap_is_left_as_python_sets_it(tmp_path: Path) -> None:
+    """``--once``, the tests and a program that builds a pipeline (here: an agent started in a fresh
+    interpreter, scraped and pushed to) neither freeze the heap nor move the collector's thresholds."""
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    once = node.run_once()
+    assert "numa_cpu_capacity" in once
+    values = {
+        "sysfs_root": str(node.sysfs_root),
+        "procfs_root": str(node.procfs_root),
+        "kubelet_root": str(node.kubelet_root),
+        "pod_logs_root": str(node.pod_logs_root),
+        "podresources_socket": "none",
+        "prometheus_address": "127.0.0.1:0",
+        "health_address": "none",
+        "exporters": "prometheus,otlp",
+        "otlp_endpoint": "http://127.0.0.1:9",  # nothing listens: each push fails at once
+        "otlp_timeout": 0.5,
+    }
+    script = f"""
+import gc, sys
+threshold = gc.get_threshold()
+from prometheus_client import generate_latest
+from otel_numa.daemon.agent import Agent
+from otel_numa.cli.settings import Settings
+settings = Settings(**{values!r})
+agent = Agent(settings.to_options())
+agent.start()
+assert agent.pipeline is not None and agent.pipeline.registry is not None
+for _ in range(3):
+    agent.refresh_background()
+    generate_latest(agent.pipeline.registry)
+    agent.pipeline.push()
+agent.stop(timeout_s=2)
+print(gc.get_freeze_count(), gc.get_threshold() == threshold)
+"""
+    completed = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["0", "True"]
 
 
 def test_after_the_first_collection_the_collector_waits_for_many_young_objects(tmp_path: Path) -> None:
@@ -115,7 +160,7 @@ def test_a_timer_round_of_the_serving_agent_ends_with_a_full_collection_at_most_
     import otel_numa.daemon.heap as heap
 
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = node.agent(interval=3600, exporters="prometheus")
+    agent = Agent(node.settings(interval=3600, exporters="prometheus").to_options(), heap=HeapPolicy())
     agent.start()
     events: list[tuple[str, int]] = []
 

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.options import AgentOptions
-from otel_numa.pipeline import build_pipeline
 from otel_numa.sources.process import OwnProcess
 from otel_numa.testing.peers import run_agent
 

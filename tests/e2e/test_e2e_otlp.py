@@ -18,9 +18,10 @@ pytestmark = pytest.mark.e2e
 KIB = 1024
 
 
+@pytest.mark.parametrize("fast_path", ["auto", "off"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_otlp_push_reaches_collector(
-    protocol: str, tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+    protocol: str, fast_path: str, tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
 ) -> None:
     sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
     with run_rotel(tmp_path) as rotel:
@@ -31,6 +32,8 @@ def test_otlp_push_reaches_collector(
             "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         }
         args = [
+            "--fast-path",
+            fast_path,
             "--sysfs-root",
             str(sysfs),
             "--procfs-root",
@@ -67,6 +70,9 @@ def test_otlp_push_reaches_collector(
     user_node1 = [p.value for p in cpu_time.points if p.attributes == {"numa.node.id": 1, "cpu.mode": "user"}]
     assert user_node1 == [pytest.approx(9015.54)]
 
+    _, fast = wait_for(lambda: rotel.latest("numa.agent.fast_path"), 5, "numa.agent.fast_path")
+    assert [p.value for p in fast.points] == [1 if fast_path == "auto" else 0]
+
     _, distance = wait_for(lambda: rotel.latest("numa.node.distance"), 5, "numa.node.distance")
     assert distance.data_type == "Gauge"
     row = {
@@ -77,7 +83,8 @@ def test_otlp_push_reaches_collector(
     assert row == {0: 20, 1: 20, 2: 10, 3: 20}
 
 
-def test_a_delta_preference_pushes_deltas_that_add_up_to_the_page(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast_path", ["auto", "off"])
+def test_a_delta_preference_pushes_deltas_that_add_up_to_the_page(tmp_path: Path, fast_path: str) -> None:
     """With ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta`` the push gets a delta reader of its
     own beside the page's cumulative one: rotel receives each container's CPU time as deltas, each starting
     where the last one ended, and they add up to the page's cumulative counter; the page stays cumulative."""
@@ -88,7 +95,15 @@ def test_a_delta_preference_pushes_deltas_that_add_up_to_the_page(tmp_path: Path
     node = write_large_node(tmp_path / "node", spec)
     name = "numa.container.cpu.time"
     with run_rotel(tmp_path) as rotel:
-        args = [*node.cli_args(), "--exporter", "prometheus,otlp", "--interval", "1"]
+        args = [
+            *node.cli_args(),
+            "--exporter",
+            "prometheus,otlp",
+            "--interval",
+            "1",
+            "--fast-path",
+            fast_path,
+        ]
         args += ["--otlp-endpoint", f"http://127.0.0.1:{rotel.grpc_port}"]
         env = {"OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta"}
         with run_agent(args, tmp_path, env=env) as agent:

@@ -21,9 +21,14 @@ def labels(**kwargs: str) -> frozenset[tuple[str, str]]:
     return frozenset({("job", "otel-numa"), ("k8s_node_name", NODE), *kwargs.items()})
 
 
-def test_prometheus_scrapes_agent(tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]) -> None:
+@pytest.mark.parametrize("fast_path", ["auto", "off"])
+def test_prometheus_scrapes_agent(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]], fast_path: str
+) -> None:
     sysfs, procfs = hwloc_root("16amd64-4n4c-cgroup-distance-merge")
     args = [
+        "--fast-path",
+        fast_path,
         "--sysfs-root",
         str(sysfs),
         "--procfs-root",
@@ -38,6 +43,11 @@ def test_prometheus_scrapes_agent(tmp_path: Path, hwloc_root: Callable[[str], tu
         run_prometheus(tmp_path, [f"127.0.0.1:{agent.prometheus_port}"]) as prom,
     ):
         wait_for(lambda: prom.query("numa_node_count"), 30, "the first scrape")
+        on = {labels(): 1 if fast_path == "auto" else 0}
+        assert {
+            frozenset(kv for kv in key if kv[0] != "instance"): v
+            for key, v in prom.series("numa_agent_fast_path").items()
+        } == on
 
         def value(expr: str) -> dict[frozenset[tuple[str, str]], float]:
             series = prom.series(expr)

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_numa.otlp_http import MAX_RESPONSE_BYTES, keep_head_of_body, otlp_http_session
+from otel_numa.export.otlp_http import MAX_RESPONSE_BYTES, keep_head_of_body, otlp_http_session
 from otel_numa.testing.peers import run_agent, wait_for
 
 SNAPSHOT = "16amd64-4n4c-cgroup-distance-merge"

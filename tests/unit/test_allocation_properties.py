@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState
-from otel_numa.pipeline import build_pipeline
 from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
     device_checkpoint_bytes,

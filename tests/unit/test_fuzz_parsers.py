@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
+from otel_numa.export.pipeline import build_pipeline
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState, Topology
-from otel_numa.pipeline import build_pipeline
 from otel_numa.sources import cgroups, files, procfs, sysfs
 from otel_numa.sources.cdi import parse_cdi_spec
 from otel_numa.sources.checkpoints import (

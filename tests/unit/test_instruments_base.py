@@ -10,6 +10,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_numa.instruments.base import Instruments, Point
 from otel_numa.instruments.catalogue import METRICS
+from otel_numa.instruments.observations import Observations
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
@@ -42,8 +43,12 @@ def test_each_series_keeps_its_first_attribute_dict_in_place_reordered_and_besid
     (callback,) = meter.callbacks
 
     def observe(*points: tuple[int, str]) -> list[Observation]:
+        """The observations as the instrument keeps them (iterated, they carry plain copies for the SDK)."""
         current[:] = [(value, {"pod": pod, "numa": 0}) for value, pod in points]  # new dicts every time
-        return list(callback(CallbackOptions()))
+        made = callback(CallbackOptions())
+        assert isinstance(made, Observations)
+        pairs = zip(made.values, made.attributes, strict=True)
+        return [Observation(value, attributes) for value, attributes in pairs]
 
     first = observe((1, "a"), (2, "b"))
     dicts = {str(o.attributes["pod"]): o.attributes for o in first if o.attributes is not None}
@@ -68,7 +73,7 @@ def test_the_same_series_in_place_keep_last_times_attributes_tuple() -> None:
     """New values for the same series, in the same order, come as Observations with the very tuple of
     attribute mappings of last time (one comparison for the SDK path to know the series are the same); a
     series more or fewer makes a new tuple."""
-    from otel_numa.sdk_private import Observations
+    from otel_numa.instruments.observations import Observations
 
     current: list[Point] = []
     meter = RecordingMeter()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from opentelemetry.metrics import Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.util.types import AttributeValue
@@ -54,23 +53,19 @@ def test_same_attributes_compares_an_instruments_new_dict_with_the_kept_mapping(
     assert not same_attributes(kept, {**POD, "numa.node.id": "1"})  # a string is another attribute value
 
 
-def test_the_sdk_keys_the_series_by_the_mapping_itself_and_exports_its_items() -> None:
-    from otel_numa.pipeline import METER_NAME
-    from otel_numa.sdk_private import FAST_PATHS
+def test_observations_hand_the_sdk_the_series_items_as_a_plain_mapping() -> None:
+    """The SDK would read a SeriesAttributes (a tuple) as a sequence: the instruments' observations carry
+    its items in a dict, and the same set built either way is one series."""
+    from otel_numa.instruments.observations import Observations
 
-    FAST_PATHS.install(own_meter=METER_NAME)
     attributes = series_attributes(POD)
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    provider.get_meter(METER_NAME).create_observable_gauge(
-        "g", callbacks=[lambda _options: [Observation(7, attributes), Observation(8, dict(POD))]]
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("t").create_observable_gauge(
+        "g", callbacks=[lambda _options: Observations([7, 8], (attributes, dict(POD)))]
     )
     data = reader.get_metrics_data()
     assert data is not None
     points: list[Any] = list(data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points)
-    assert [(point.attributes, point.value) for point in points] == [(POD, 8)]  # one series: the same set
-    storage = provider._measurement_consumer._reader_storages[reader]
-    (match,) = next(iter(storage._instrument_view_instrument_matches.values()))
-    keys: list[object] = list(match._attributes_aggregation)
-    assert len(keys) == 1 and keys[0] is attributes
+    assert [(dict(point.attributes), point.value) for point in points] == [(POD, 8)]  # one series
     provider.shutdown()

@@ -1,0 +1,248 @@
+"""Each accelerator patch's gain, for the patch ledger (docs/patches.md).
+
+On the 2x32 and 8x48 large nodes of bench_cost, in-process, one fresh process per measurement: the public
+path, the fast path with every patch, and the fast path with each patch left off
+(``OTEL_NUMA_FAST_PATH_PATCHES_OFF`` names it). A cycle is what the agent does per interval: one OTLP push
+(encoded as the OTLP exporters encode it, not sent) and one scrape of the page in the text format.
+
+- CPU per cycle: ``time.process_time`` around a cycle, median of the cycles, then median of the repeats
+  (the machine is shared: process CPU time, not wall time); "unchanged" with no input changed, "fresh" with
+  new cgroup values before each cycle (the background refresh itself is not counted: it is the same on
+  both paths).
+- The daemon's heap policy applies (otel_numa.daemon.heap.HeapPolicy), as in the serving agent.
+- Memory: what the export path holds after five fresh cycles (tracemalloc, after a full collection),
+  measured in the same process after the CPU runs, on a second pipeline.
+
+A patch's gain is what the fast path loses when that patch alone is left off, as a share of that.
+
+    .venv/bin/python -m benchmarks.bench_patches [--cycles 10] [--repeats 3] [--trees 2x32,8x48]
+    .venv/bin/python -m benchmarks.bench_patches --ledger-from benchmarks/out/patches.json
+
+Writes ``benchmarks/out/patches.json`` and the patch ledger, ``docs/patches.md`` (``--ledger-from``
+writes the ledger again from saved figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_cost import NODE_2X32, NODE_8X48
+from otel_numa.testing.large_node import LargeNodeSpec, large_node_at, write_large_node
+
+TREES: dict[str, tuple[str, LargeNodeSpec]] = {
+    "2x32": ("2 NUMA x 32 CPUs, 110 pods x 2 containers", NODE_2X32),
+    "8x48": ("8 NUMA x 48 CPUs, 250 pods x 4 containers", NODE_8X48),
+}
+OUT = Path(__file__).parent / "out"
+LEDGER = Path(__file__).parent.parent / "docs" / "patches.md"
+
+
+def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]:
+    """In this process: CPU per cycle (ms, unchanged and fresh) and memory held (KiB) for ``config``
+    ("public", "all", or a patch name left off)."""
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+    from otel_numa.cli.settings import Settings
+    from otel_numa.daemon.agent import Agent
+    from otel_numa.daemon.heap import HeapPolicy
+    from otel_numa.export.fast import PATCHES, PUBLIC, FastPath
+    from otel_numa.export.pipeline import build_pipeline
+    from otel_numa.testing.wsgi import call_wsgi
+
+    heap = HeapPolicy()
+
+    class Encoding(MetricExporter):
+        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            encode_metrics(metrics_data).SerializeToString()
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            return None
+
+    node = large_node_at(root, TREES[tree][1])
+    agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
+    names = {patch.name for patch in PATCHES}
+    path = PUBLIC if config == "public" else FastPath(frozenset(names - {config}))
+
+    def pipeline_and_cycle() -> tuple[Any, Any]:
+        pipeline = build_pipeline(
+            agent.options,
+            agent.store,
+            exporters=("prometheus", "otlp"),
+            otlp_exporter_factory=lambda _export: Encoding(),
+            fast_path=path,
+        )
+        assert pipeline.registry is not None
+        pipeline.after_push = heap.after_push
+        pipeline.registry.after_collection = heap.after_collection
+        app = pipeline.page_app()
+
+        def cycle() -> None:
+            pipeline.push()
+            call_wsgi(app)
+
+        return pipeline, cycle
+
+    generation = 0
+
+    def fresh() -> None:
+        nonlocal generation
+        generation += 1
+        node.write_cgroup_usage(generation)
+        agent.refresh_background()
+
+    pipeline, cycle = pipeline_and_cycle()
+    for _ in range(3):
+        fresh()
+        cycle()
+    result: dict[str, float] = {}
+    for name, before in (("unchanged", None), ("fresh", fresh)):
+        times = []
+        for _ in range(cycles):
+            if before is not None:
+                before()
+            start = time.process_time()
+            cycle()
+            times.append((time.process_time() - start) * 1000)
+        result[f"cpu_{name}_ms"] = statistics.median(times)
+    pipeline.shutdown(timeout_s=1)
+    del pipeline, cycle
+    gc.collect()
+    tracemalloc.start()
+    pipeline, cycle = pipeline_and_cycle()
+    for _ in range(5):
+        fresh()
+        cycle()
+    gc.collect()
+    result["memory_kib"] = tracemalloc.get_traced_memory()[0] / 1024
+    tracemalloc.stop()
+    pipeline.shutdown(timeout_s=1)
+    return result
+
+
+def measured(root: Path, tree: str, config: str, cycles: int, repeats: int) -> dict[str, float]:
+    runs = []
+    for _ in range(repeats):
+        completed = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_patches", "--measure", str(root), tree, config],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "BENCH_CYCLES": str(cycles)},
+        )
+        if completed.returncode != 0:
+            raise SystemExit(f"{tree} {config}: {completed.stderr}")
+        runs.append(json.loads(completed.stdout.splitlines()[-1]))
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def gain(without: float, with_: float) -> float:
+    return 100 * (without - with_) / without if without else 0.0
+
+
+def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str:
+    """docs/patches.md: every patch, what it replaces, the private names it touches, its measured gain."""
+    from otel_numa.export.fast import PATCHES, PROVEN_RELEASES
+
+    proven = ", ".join(f"{package} {release}" for package, release in PROVEN_RELEASES.items())
+    out = [
+        "# The patch ledger",
+        "",
+        "The accelerated export path is these patches over the public path (`otel_numa/export/fast/`, one",
+        "module each; [decisions-fast-path.md](decisions-fast-path.md) says how they are chosen). Each acts",
+        "on the agent's own MeterProvider, readers or page only. Proven on: " + proven + ".",
+        "",
+        "Gain: what the fast path loses when that patch alone is left off, as a share of that (CPU per",
+        "cycle of one OTLP push and one scrape, unchanged inputs and fresh cgroup values; memory the export",
+        "path holds). Method: `benchmarks/bench_patches.py`; figures written by `" + command + "`.",
+        "A patch that gains less than 5% in both CPU and memory on both nodes is deleted, unless it is",
+        "there for correctness rather than speed (`forget_departed`). The machine measured is shared and",
+        "noisy (process CPU time, medians of cycles and of repeats).",
+        "",
+    ]
+    for patch in PATCHES:
+        out += [f"## `{patch.name}`", "", f"Replaces: {patch.replaces}.", ""]
+        names = ", ".join(f"`{name}`" for name in patch.private_names) or "none"
+        out += [f"Private names: {names}.", ""]
+        if patch.kept_for:
+            out += [f"Kept for correctness: {patch.kept_for}; its speed figures are noise.", ""]
+        out += ["| node | CPU, unchanged | CPU, fresh | memory |", "|---|---|---|---|"]
+        for tree, by_config in results.items():
+            every, without = by_config["all"], by_config[patch.name]
+            out.append(
+                f"| {tree} | {gain(without['cpu_unchanged_ms'], every['cpu_unchanged_ms']):+.0f}% "
+                f"| {gain(without['cpu_fresh_ms'], every['cpu_fresh_ms']):+.0f}% "
+                f"| {gain(without['memory_kib'], every['memory_kib']):+.0f}% |"
+            )
+        out.append("")
+    out += [
+        "## Both paths",
+        "",
+        "| node | path | CPU/cycle unchanged (ms) | CPU/cycle fresh (ms) | memory held (KiB) |",
+        "|---|---|---|---|---|",
+    ]
+    for tree, by_config in results.items():
+        for config, figures in by_config.items():
+            label = {"public": "public", "all": "fast, every patch"}.get(config, f"fast, without {config}")
+            out.append(
+                f"| {tree} | {label} | {figures['cpu_unchanged_ms']:.1f} | {figures['cpu_fresh_ms']:.1f} "
+                f"| {figures['memory_kib']:.0f} |"
+            )
+    out += ["", f"Nodes: {'; '.join(f'{tree}: {TREES[tree][0]}' for tree in results)}.", ""]
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--measure", nargs=3, metavar=("ROOT", "TREE", "CONFIG"), help=argparse.SUPPRESS)
+    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trees", default="2x32,8x48")
+    parser.add_argument("--ledger-from", type=Path, help="write docs/patches.md from saved figures")
+    args = parser.parse_args()
+    if args.measure:
+        root, tree, config = args.measure
+        print(json.dumps(measure(Path(root), tree, config, int(os.environ.get("BENCH_CYCLES", "10")))))
+        return
+    if args.ledger_from:
+        LEDGER.write_text(
+            ledger(json.loads(args.ledger_from.read_text()), "python -m benchmarks.bench_patches")
+        )
+        return
+    from otel_numa.export.fast import PATCHES
+
+    # figures of earlier runs for other trees are kept: one tree can be measured again alone
+    saved = OUT / "patches.json"
+    results: dict[str, dict[str, dict[str, float]]] = json.loads(saved.read_text()) if saved.exists() else {}
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        for tree in args.trees.split(","):
+            root = Path(work) / tree
+            write_large_node(root, TREES[tree][1])
+            configs = ["public", "all", *(patch.name for patch in PATCHES)]
+            results[tree] = {c: measured(root, tree, c, args.cycles, args.repeats) for c in configs}
+            saved.write_text(json.dumps(results, indent=2))
+    text = ledger(
+        {tree: results[tree] for tree in TREES if tree in results}, "python -m benchmarks.bench_patches"
+    )
+    LEDGER.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""What every accelerator patch declares about itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One named unit of the accelerated path. It acts only on the agent's own MeterProvider, readers or
+    page, never on a library function for the whole process, and imports no private name until
+    :attr:`check` runs."""
+
+    name: str
+    replaces: str  # the public-path work it replaces
+    private_names: tuple[str, ...]  # the libraries' private names it touches
+    # Tries the patch on throwaway objects of the installed libraries: None when it gives exactly what the
+    # public path gives, else why not. Any exception it raises means "not this shape".
+    check: Callable[[], str | None]
+    # set for a patch kept for what it does rather than for speed (the ledger's 5% rule does not apply)
+    kept_for: str = ""

@@ -1,0 +1,244 @@
+"""Patch ``rendered_families``: the page's unchanged families are rendered once.
+
+prometheus_client renders every sample of every family on every scrape. The agent's page keeps each
+family's last text; a family with the same series and values is served as it was, and one with the same
+series and new values gets the new numbers written into its text (in prometheus_client's own number
+format). Anything else is rendered by prometheus_client's public encoders, one family at a time, so the
+page is byte for byte what they write. It touches no private name: it is an accelerator because it relies
+on the families that ``reused_translations`` keeps, and it serves only the agent's own page app
+(:func:`page_app`); prometheus_client's module functions are left as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import prometheus_client.openmetrics.exposition as openmetrics
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.utils import floatToGoString
+
+from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.reused_translations import _OneFamily, _plain, _SeriesRecipe, _ValuesFamily
+
+_EOF = b"# EOF\n"
+# zlib's fastest level for the text kept between scrapes: compressed when it changes, decompressed each
+# time it is used
+KEPT_COMPRESSION_LEVEL = 1
+
+
+@dataclass
+class _RenderedFamily:
+    # the family's text, compressed (its label sets repeat from line to line: a twentieth of the bytes); a
+    # scrape decompresses it, which costs a fraction of rendering or compressing it
+    compressed: bytes
+    # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
+    # lines are not one plain "<series> <value>" line per sample
+    value_starts: array[int] | None
+    # what the text was rendered from: a recipe and values, or else the family itself (held)
+    recipe: _SeriesRecipe | None
+    values: tuple[object, ...] | None
+    family: Any
+
+    @property
+    def text(self) -> bytes:
+        return zlib.decompress(self.compressed)
+
+
+def _kept(data: bytes) -> bytes:
+    """The compressed form in which a family's text is kept between scrapes."""
+    return zlib.compress(data, KEPT_COMPRESSION_LEVEL)
+
+
+class RenderedFamilies:
+    """prometheus_client's text and OpenMetrics encoders for the agent's page: reuses the previous
+    scrape's text of a family with the same series and values, writes only the new values into it for a
+    family with the same series, and renders the rest through the library."""
+
+    def __init__(self, text_encoder: Callable[..., bytes], openmetrics_encoder: Callable[..., bytes]) -> None:
+        self.text_encoder = text_encoder
+        self.openmetrics_encoder = openmetrics_encoder
+        self._form: tuple[object, ...] = ()
+        self._last: dict[str, _RenderedFamily] = {}  # by family name, for the last form asked for
+
+    def text(self, registry: Any, **options: str) -> bytes:
+        form = ("text", *sorted(options.items()))
+        return self._render(registry, form, lambda one: self.text_encoder(one, **options))
+
+    def openmetrics(self, registry: Any, **options: str) -> bytes:
+        def render(one: _OneFamily) -> bytes:
+            return self.openmetrics_encoder(one, **options).removesuffix(_EOF)
+
+        return self._render(registry, ("openmetrics", *sorted(options.items())), render) + _EOF
+
+    def _render(
+        self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
+    ) -> bytes:
+        # one form kept: a Prometheus server asks for the same one every time
+        last = self._last if form == self._form else {}
+        now: dict[str, _RenderedFamily] = {}
+        parts: list[bytes] = []
+        for family in registry.collect():
+            known = last.get(family.name)
+            rendered = _again(known, family) if known is not None else None
+            if rendered is None:
+                rendered = _rendered(family, render)
+            now[family.name] = rendered
+            parts.append(rendered.text)
+        self._form, self._last = form, now
+        return b"".join(parts)
+
+
+def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
+    """``known``'s text for ``family``, with the new values written in; None when the series differ."""
+    if isinstance(family, _ValuesFamily):
+        if family.recipe is not known.recipe:
+            return None
+        if family.values == known.values:
+            return known
+        return _with_new_values(known, family.values) if known.value_starts is not None else None
+    if known.family is family:
+        return known
+    if known.value_starts is not None and known.family is not None and _same_series(known.family, family):
+        return _with_new_values(known, tuple([sample.value for sample in family.samples]), family)
+    return None
+
+
+def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFamily:
+    """``family`` rendered through the library (a recipe's family slice by slice, not kept)."""
+    if isinstance(family, _ValuesFamily):
+        text = family.recipe.render(family.values, render)
+        if text is not None:
+            starts = _value_starts(text, len(family.values))
+            return _RenderedFamily(_kept(text), starts, family.recipe, family.values, None)
+        whole = family.whole()  # a slice that is not one plain sample per series: the whole, as it is
+        text = render(_OneFamily(whole))
+        return _RenderedFamily(_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
+    text = render(_OneFamily(family))
+    return _RenderedFamily(_kept(text), _plain_starts(text, family), None, None, family)
+
+
+def _plain_starts(text: bytes, family: Any) -> array[int] | None:
+    if not all(_plain(sample) for sample in family.samples):
+        return None
+    return _value_starts(text, len(family.samples))
+
+
+def _value_starts(text: bytes, samples: int) -> array[int] | None:
+    """Where each of the ``samples`` plain samples' value starts, when each is one line after the comment
+    lines."""
+    lines = text.split(b"\n")
+    if lines[-1]:  # not one line each
+        return None
+    starts = array("i")  # 4 bytes an offset: a family's text is far below 2 GiB
+    offset = 0
+    for line in lines[:-1]:
+        if not line.startswith(b"#"):
+            space = line.rfind(b" ")
+            if space < 0:
+                return None
+            starts.append(offset + space + 1)
+        offset += len(line) + 1
+    return starts if len(starts) == samples else None
+
+
+def _same_series(before: Any, now: Any) -> bool:
+    return (
+        before.type == now.type
+        and before.documentation == now.documentation
+        and before.unit == now.unit
+        and len(before.samples) == len(now.samples)
+        and all(
+            a.name == b.name and (a.labels is b.labels or a.labels == b.labels) and _plain(b)
+            for a, b in zip(before.samples, now.samples, strict=True)
+        )
+    )
+
+
+def _with_new_values(
+    known: _RenderedFamily, values: tuple[object, ...], family: Any = None
+) -> _RenderedFamily:
+    """``known``'s text with each sample's value replaced by ``values``' (prometheus_client's own number
+    format); ``family`` is held when the family has no recipe."""
+    text = known.text
+    parts: list[bytes] = []
+    starts = array("i")  # 4 bytes an offset: a family's text is far below 2 GiB
+    written = 0  # length of the new text so far
+    copied_to = 0  # how far the old text has been copied
+    for start, value in zip(known.value_starts or (), values, strict=True):
+        end = text.index(b"\n", start)
+        head = text[copied_to:start]
+        number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
+        parts += (head, number)
+        written += len(head)
+        starts.append(written)
+        written += len(number)
+        copied_to = end
+    parts.append(text[copied_to:])
+    return _RenderedFamily(_kept(b"".join(parts)), starts, known.recipe, values, family)
+
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def page_app(registry: CollectorRegistry) -> WSGIApp:
+    """prometheus_client's page app for ``registry`` (uncompressed: the server compresses), with a plain
+    GET rendered through :class:`RenderedFamilies`; anything else (OPTIONS, other methods, ``name[]``) is
+    the library's own app's."""
+    public = make_wsgi_app(registry, disable_compression=True)
+    rendered = RenderedFamilies(generate_latest, openmetrics.generate_latest)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        query = environ.get("QUERY_STRING", "")
+        if (
+            environ.get("REQUEST_METHOD") != "GET"
+            or environ.get("PATH_INFO") == "/favicon.ico"
+            or "name[]" in parse_qs(query)
+        ):
+            return public(environ, start_response)  # type: ignore[no-any-return]
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
+        start_response("200 OK", [("Content-Type", content_type)])
+        return [_render_with(rendered, encoder, registry)]
+
+    return app
+
+
+def _render_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], registry: Any) -> bytes:
+    """What ``encoder`` (one of :func:`choose_encoder`'s) writes for ``registry``, reusing unchanged
+    families' text when it is one of the two encoders :class:`RenderedFamilies` knows."""
+    if isinstance(encoder, functools.partial) and not encoder.args:
+        if encoder.func is generate_latest:
+            return rendered.text(registry, **encoder.keywords)
+        if encoder.func is openmetrics.generate_latest:
+            return rendered.openmetrics(registry, **encoder.keywords)
+    if encoder is generate_latest:
+        return rendered.text(registry)
+    return encoder(registry)
+
+
+def _check() -> str | None:
+    """Every format :func:`choose_encoder` gives, rendered twice through a throwaway page with changing
+    values, is byte for byte the library's."""
+    from otel_numa.export.fast.reused_translations import page_differs, reuse_translations
+
+    for accept in ("", "text/plain; version=1.0.0", "application/openmetrics-text; version=1.0.0"):
+        encoder, _content_type = choose_encoder(accept)
+        rendered = RenderedFamilies(generate_latest, openmetrics.generate_latest)
+        why = page_differs(reuse_translations, encoder, functools.partial(_render_with, rendered, encoder))
+        if why is not None:
+            return f"{why} ({accept or 'the default format'})"
+    return None
+
+
+PATCH = Patch(
+    name="rendered_families",
+    replaces="prometheus_client's rendering of every family on every scrape",
+    private_names=(),
+    check=_check,
+)

@@ -1,0 +1,259 @@
+"""Patch ``repeated_points``: an instrument whose observations did not change gets its last points again.
+
+The agent's instruments hand the SDK the very same observations object while their inputs are unchanged
+(otel_numa.instruments.base). The SDK still turns every observation into a Measurement, aggregates it and
+collects every aggregation into a new point, on every collection. With one reader collecting cumulatively
+(the page's, which also feeds the pushes: ``shared_collection``), consuming the same Measurements again
+gives the same points with a new time. So, for the agent's own provider only:
+
+- each of its observable instruments' ``callback`` (an instance attribute shadowing the SDK's method)
+  hands over no Measurements when the instrument's callback returned the same object as last time and
+  its last points can be repeated;
+- each of its view-instrument matches' ``collect`` then returns those points with this collection's time.
+
+Anything else goes through the SDK's own code: more than one reader, another view, a series forgotten
+(``forget_departed`` swaps the aggregations), new observations.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
+
+from otel_numa.export.fast.patch import Patch
+from otel_numa.instruments.observations import Observations
+
+_CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+
+@dataclass
+class _Collected:
+    """An instrument's data points from one collection of the provider's only (cumulative) reader."""
+
+    source: object  # the Measurements they were made from (held: compared by identity)
+    match: object  # the SDK's view-instrument match that made them
+    aggregations: object  # its aggregations then: the janitor swaps in another dict when it forgets any
+    attributes: tuple[Any, ...]
+    starts: tuple[int, ...]
+    values: tuple[Any, ...]
+
+    def points(self, time: int) -> list[NumberDataPoint]:
+        """The points again, at ``time``."""
+        return [
+            NumberDataPoint(
+                attributes=attributes, start_time_unix_nano=start, time_unix_nano=time, value=value
+            )
+            for attributes, start, value in zip(self.attributes, self.starts, self.values, strict=True)
+        ]
+
+
+class _Unchanged:
+    """Which instruments hand the SDK the same Measurements as in their last collection (one provider)."""
+
+    def __init__(self, storage: Any) -> None:
+        self._storage = storage  # the provider's only reader storage
+        self.handed: dict[object, object] = {}  # instrument -> the Measurements handed over now
+        self.repeating: dict[object, _Collected] = {}  # instrument -> points to repeat now
+        self.last: weakref.WeakKeyDictionary[object, _Collected] = weakref.WeakKeyDictionary()
+
+    def hand_over(self, instrument: object, source: object) -> None:
+        self.repeating.pop(instrument, None)
+        self.handed[instrument] = source
+
+    def repeat(self, instrument: object, source: object) -> bool:
+        """Whether ``instrument``'s last points were made from ``source`` by its only match, whose
+        aggregations nobody replaced since; if so they are repeated in this collection."""
+        last = self.last.get(instrument)
+        if last is None or last.source is not source:
+            return False
+        if getattr(last.match, "_attributes_aggregation", None) is not last.aggregations:
+            return False
+        matches = self._storage._instrument_view_instrument_matches.get(instrument)
+        if not isinstance(matches, list) or len(matches) != 1 or matches[0] is not last.match:
+            return False
+        self.handed.pop(instrument, None)
+        self.repeating[instrument] = last
+        return True
+
+
+class _Raising:
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __iter__(self) -> Any:
+        raise self._error
+
+
+class _ReusedMeasurements:
+    """Stands in for one observable instrument's ``callback``."""
+
+    def __init__(
+        self, instrument: Any, callback: Callable[[Any], Iterable[Any]], unchanged: _Unchanged
+    ) -> None:
+        self._instrument = weakref.ref(instrument)
+        self._callback = callback  # the SDK's, bound to the instrument
+        self._unchanged = unchanged
+        self._made: tuple[object, list[Any]] | None = None  # the last observations and their Measurements
+
+    def __call__(self, callback_options: Any) -> Iterable[Any]:
+        instrument = self._instrument()
+        callbacks = getattr(instrument, "_callbacks", None)
+        unchanged = self._unchanged
+        if instrument is None or not isinstance(callbacks, list) or len(callbacks) != 1:
+            unchanged.hand_over(instrument, None)
+            return self._callback(callback_options)
+        (callback,) = callbacks
+        try:
+            observations = callback(callback_options)
+        except Exception as error:  # handed to the SDK's loop, which logs it as it always does
+            observations = _Raising(error)
+        made = self._made
+        if made is not None and made[0] is observations:
+            if unchanged.repeat(instrument, made[1]):
+                return ()
+            unchanged.hand_over(instrument, made[1])
+            return made[1]
+        # the SDK's loop over these observations; collections run one at a time (the consumer's lock)
+        instrument._callbacks = [lambda _options: observations]
+        try:
+            measurements = list(self._callback(callback_options))
+        finally:
+            instrument._callbacks = callbacks
+        if isinstance(observations, (list, Observations)):
+            self._made = (observations, measurements)
+            unchanged.hand_over(instrument, measurements)
+        else:
+            self._made = None
+            unchanged.hand_over(instrument, None)
+        return measurements
+
+
+class _RepeatedPoints:
+    """Stands in for one view-instrument match's ``collect``."""
+
+    def __init__(self, match: Any, collect: Callable[[Any, int], Any], unchanged: _Unchanged) -> None:
+        self._match = weakref.ref(match)
+        self._collect = collect  # the SDK's, bound to the match
+        self._unchanged = unchanged
+
+    def __call__(self, temporality: Any, collection_start_nanos: int) -> Any:
+        match = self._match()
+        instrument = getattr(match, "_instrument", None)
+        unchanged = self._unchanged
+        last = unchanged.repeating.pop(instrument, None)
+        if last is not None and last.match is match:
+            return last.points(collection_start_nanos)
+        points = self._collect(temporality, collection_start_nanos)
+        handed = unchanged.handed.pop(instrument, None)
+        if (
+            handed is not None
+            and temporality is _CUMULATIVE
+            and isinstance(points, list)
+            and points
+            and all(type(point) is NumberDataPoint and not point.exemplars for point in points)
+        ):
+            unchanged.last[instrument] = _Collected(
+                handed,
+                match,
+                getattr(match, "_attributes_aggregation", None),
+                tuple([point.attributes for point in points]),
+                tuple([point.start_time_unix_nano for point in points]),
+                tuple([point.value for point in points]),
+            )
+        elif instrument is not None:
+            unchanged.last.pop(instrument, None)
+        return points
+
+
+def repeat_points(provider: Any) -> bool:
+    """Apply the patch to ``provider``'s observable instruments and matches (after the instruments are
+    made, before the first collection); False, and nothing changed, unless it has exactly one reader."""
+    consumer = provider._measurement_consumer
+    storages = consumer._reader_storages
+    if len(storages) != 1:
+        return False
+    (storage,) = storages.values()
+    unchanged = _Unchanged(storage)
+    for instrument in list(consumer._async_instruments):
+        instrument.callback = _ReusedMeasurements(instrument, instrument.callback, unchanged)
+    matches_for = storage._get_or_init_view_instrument_match
+
+    def patched_matches(instrument: Any) -> Any:
+        matches = matches_for(instrument)
+        for match in matches:
+            if not isinstance(vars(match).get("collect"), _RepeatedPoints):
+                match.collect = _RepeatedPoints(match, match.collect, unchanged)
+        return matches
+
+    storage._get_or_init_view_instrument_match = patched_matches
+    return True
+
+
+def _check() -> str | None:
+    """Two throwaway providers, one patched: over collections with the same observations, new ones, and a
+    series gone, the same points (but for their times)."""
+    from opentelemetry.metrics import CallbackOptions
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    first = Observations([1, 2], ({"a": "x"}, {"a": "y"}))
+    rounds = [first, first, Observations([3, 2], ({"a": "x"}, {"a": "y"})), Observations([3], ({"a": "x"},))]
+    collected: list[list[object]] = []
+    for patched in (False, True):
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+        current: list[Observations] = [rounds[0]]
+
+        def observe(_options: CallbackOptions, current: list[Observations] = current) -> Observations:
+            return current[0]
+
+        try:
+            meter = provider.get_meter("otel_numa.check")
+            meter.create_observable_counter("check_counter", callbacks=[observe])
+            meter.create_observable_gauge("check_gauge", callbacks=[observe])
+            if patched and not repeat_points(provider):
+                return "the provider has another shape"
+            seen: list[object] = []
+            for current[0] in rounds:
+                data = reader.get_metrics_data()
+                seen.append(
+                    [
+                        (
+                            metric.name,
+                            dict(point.attributes or {}),
+                            getattr(point, "value", None),
+                            bool(point.start_time_unix_nano),
+                        )
+                        for resource in (data.resource_metrics if data is not None else ())
+                        for scope in resource.scope_metrics
+                        for metric in scope.metrics
+                        for point in metric.data.data_points
+                    ]
+                )
+            collected.append(seen)
+        finally:
+            provider.shutdown()
+    return None if collected[0] == collected[1] else "the points differ from the SDK's"
+
+
+PATCH = Patch(
+    name="repeated_points",
+    replaces="the SDK's measure and collect loop for an instrument whose observations did not change",
+    private_names=(
+        "MeterProvider._measurement_consumer",
+        "SynchronousMeasurementConsumer._reader_storages",
+        "SynchronousMeasurementConsumer._async_instruments",
+        "_Asynchronous.callback",
+        "_Asynchronous._callbacks",
+        "MetricReaderStorage._get_or_init_view_instrument_match",
+        "MetricReaderStorage._instrument_view_instrument_matches",
+        "_ViewInstrumentMatch.collect",
+        "_ViewInstrumentMatch._instrument",
+        "_ViewInstrumentMatch._attributes_aggregation",
+    ),
+    check=_check,
+)

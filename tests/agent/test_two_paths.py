@@ -1,0 +1,342 @@
+"""Two paths, one output: for the same inputs, the accelerated path and the public path serve the same page
+(plain text and OpenMetrics, gzipped as the server sends them) and push the same OTLP requests (decoded,
+times set to zero: each path reads its own clock), across machines, changing values and pod churn. An
+installed SDK of another shape, or another release, serves the public path with one warning."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+
+from otel_numa.cli.settings import Settings
+from otel_numa.daemon.agent import Agent
+from otel_numa.endpoints.metrics_page import compressing
+from otel_numa.export import fast
+from otel_numa.export.fast import PUBLIC, choose
+from otel_numa.export.pipeline import Pipeline, build_pipeline
+from otel_numa.instruments.catalogue import MetricGroup
+from otel_numa.proto import podresources_v1_pb2 as pb
+from otel_numa.testing.kubelet_scenario import build_scenario, series
+from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+from otel_numa.testing.peers import http_get
+from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.testing.sysfs_tree import uniform_nodes
+from otel_numa.testing.wsgi import call_wsgi
+
+FORMATS = ("", "application/openmetrics-text; version=1.0.0")  # the default is the plain text format
+
+
+class Recorder(MetricExporter):
+    """Keeps every push as the OTLP exporters encode it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[ExportMetricsServiceRequest] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        self.requests.append(encode_metrics(metrics_data))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def timeless(request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest:
+    """A copy of ``request`` with every point's time and start time set to zero."""
+    copy = ExportMetricsServiceRequest()
+    copy.CopyFrom(request)
+    for point in points_of(copy):
+        point.time_unix_nano = 0
+        point.start_time_unix_nano = 0
+    return copy
+
+
+def points_of(request: ExportMetricsServiceRequest) -> Iterator[Any]:
+    for resource in request.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                data = getattr(metric, metric.WhichOneof("data") or "gauge")
+                yield from data.data_points
+
+
+class Both:
+    """The two paths side by side over one agent's snapshots, each with a page and an OTLP push."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.recorders = (Recorder(), Recorder())
+        self.pipelines: list[Pipeline] = []
+        for path, recorder in zip((choose("auto"), PUBLIC), self.recorders, strict=True):
+            self.pipelines.append(
+                build_pipeline(
+                    agent.options,
+                    agent.store,
+                    exporters=("prometheus", "otlp"),
+                    otlp_exporter_factory=lambda _export, recorder=recorder: recorder,  # type: ignore[misc]
+                    fast_path=path,
+                )
+            )
+        assert self.pipelines[0].fast_path and not self.pipelines[1].fast_path
+        # one page app per format, kept: the fast path reuses the text of its last scrape in that format
+        self.apps = [{accept: compressing(p.page_app()) for accept in FORMATS} for p in self.pipelines]
+
+    def compare(self, label: object) -> bytes:
+        """Scrape both paths in both formats, gzipped and not, and push once: all equal. The plain page."""
+        plain = b""
+        for accept in FORMATS:
+            for encoding in ("", "gzip"):
+                fast_page, public_page = (
+                    call_wsgi(apps[accept], accept=accept, accept_encoding=encoding) for apps in self.apps
+                )
+                assert fast_page == public_page, (label, accept, encoding)
+                plain = plain or fast_page[2]
+        for pipeline in self.pipelines:
+            pipeline.push()
+        fast_request, public_request = (timeless(recorder.requests[-1]) for recorder in self.recorders)
+        assert fast_request == public_request, label
+        assert len(list(points_of(fast_request))) > 10
+        return plain
+
+    def forget_departed(self) -> None:
+        live = self.agent.background.live_pods()
+        for pipeline in self.pipelines:
+            pipeline.forget_departed(live)
+
+    def close(self) -> None:
+        for pipeline in self.pipelines:
+            pipeline.shutdown(timeout_s=1)
+
+
+def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(tmp_path: Path) -> None:
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path, spec)
+    # no health series: their ages move between the two paths' collections
+    agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
+    both = Both(agent)
+    pages = []
+    try:
+        for generation in range(5):
+            if generation in (2, 3):
+                node.write_cgroup_usage(generation)
+            if generation == 4:
+                shutil.rmtree(next((node.root / "pod-logs").iterdir()))
+            agent.refresh_background()
+            pages.append(both.compare(generation))
+            both.forget_departed()
+            both.compare((generation, "after forgetting"))
+    finally:
+        both.close()
+    assert b"numa_container_memory_usage_bytes{" in pages[0]
+    assert pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
+
+
+@pytest.mark.parametrize("machine", ["16amd64-4n4c-cgroup-distance-merge", "16amd64-8n2c"])
+def test_real_machines_give_the_same_pages_and_requests(
+    machine: str, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    sysfs, procfs = hwloc_root(machine)
+    settings = Settings(
+        sysfs_root=sysfs,
+        procfs_root=procfs,
+        podresources_socket="none",
+        disable=frozenset({MetricGroup.HEALTH}),
+        node_name="n",
+    )
+    both = Both(Agent(settings.to_options()))
+    try:
+        page = both.compare(machine)
+        both.compare((machine, "again"))
+    finally:
+        both.close()
+    assert b"numa_memory_capacity_bytes{" in page
+
+
+@pytest.fixture
+def server() -> Iterator[PodResourcesServer]:
+    directory = short_socket_dir()
+    with PodResourcesServer(directory / "kubelet.sock") as server:
+        yield server
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def churn_uid(index: int) -> str:
+    return f"c0ffee00-0000-4000-8000-{index:012d}"
+
+
+def test_pod_churn_gives_the_same_pages_and_requests(tmp_path: Path, server: PodResourcesServer) -> None:
+    """Batches of pods replace each other through a real podresources server: the fast path forgets
+    departed pods in place, the public path rebuilds its readers (every third batch here: once as many
+    pods departed as live)."""
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    settings = node.settings(
+        podresources_socket=str(server.socket_path), disable="health", cardinality_limit=1_000
+    )
+    agent = Agent(settings.to_options())
+    both = Both(agent)
+    batch = 60
+    try:
+        for round_ in range(6):
+            for entry in node.pod_logs_root.iterdir():
+                entry.rmdir()
+            indices = range(round_ * batch, (round_ + 1) * batch)
+            for index in indices:
+                (node.pod_logs_root / f"churn_job-{index}_{churn_uid(index)}").mkdir()
+            server.state.pods = [
+                pb.PodResources(
+                    name=f"job-{index}",
+                    namespace="churn",
+                    containers=[pb.ContainerResources(name="main", cpu_ids=[index % 8])],
+                )
+                for index in indices
+            ]
+            agent.refresh_background()
+            both.compare(round_)
+            both.forget_departed()
+            page = both.compare((round_, "after forgetting")).decode()
+            pods = {dict(key)["k8s_pod_uid"] for key in series(page, "numa_container_cpu_allocated")}
+            assert pods == {churn_uid(index) for index in indices}
+            assert "otel_metric_overflow" not in page
+        assert both.pipelines[1].rebuilds == 2 and both.pipelines[0].rebuilds == 0
+    finally:
+        both.close()
+
+
+def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With delta temporality, the public path's rebuilds neither lose nor repeat a delta: per series, the
+    deltas pushed add up to what the fast path's add up to."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path, spec)
+    agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
+    both = Both(agent)
+    try:
+        for generation in range(6):
+            node.write_cgroup_usage(generation)
+            if generation == 3:
+                shutil.rmtree(next((node.root / "pod-logs").iterdir()))
+            agent.refresh_background()
+            for pipeline in both.pipelines:
+                pipeline.push()
+            both.forget_departed()
+            if generation == 3:
+                both.pipelines[1].rebuild()  # as it would once enough pods departed
+    finally:
+        both.close()
+    fast_totals, public_totals = (delta_totals(recorder.requests) for recorder in both.recorders)
+    assert fast_totals == public_totals
+    assert any(name == "numa.container.cpu.time" and total > 0 for (name, _), total in fast_totals.items())
+
+
+def delta_totals(requests: list[ExportMetricsServiceRequest]) -> dict[tuple[str, str], float]:
+    """Per monotonic sum's series, what its delta points add up to."""
+    totals: dict[tuple[str, str], float] = {}
+    for request in requests:
+        for resource in request.resource_metrics:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.WhichOneof("data") != "sum" or not metric.sum.is_monotonic:
+                        continue
+                    assert metric.sum.aggregation_temporality == 1  # delta
+                    for point in metric.sum.data_points:
+                        key = (metric.name, str(sorted((a.key, str(a.value)) for a in point.attributes)))
+                        value = point.as_double if point.HasField("as_double") else point.as_int
+                        totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+# Another shape or release: the public path, one warning ------------------------------------------------
+
+
+@pytest.fixture
+def fresh_choice() -> Iterator[None]:
+    """The start-up check runs again for the test, and again for the tests after it."""
+    fast.shape_problem.cache_clear()
+    yield
+    fast.shape_problem.cache_clear()
+
+
+def serve_and_scrape(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[str, list[str]]:
+    """Start an agent with a page (and build a second pipeline in the process); its page and the fast
+    path's warnings."""
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    agent = node.agent(prometheus_address="127.0.0.1:0", exporters="prometheus")
+    with caplog.at_level(logging.WARNING):
+        agent.start()
+        try:
+            assert agent._prometheus_server is not None
+            status, page = http_get(f"http://127.0.0.1:{agent._prometheus_server.port}/metrics")
+            assert status == 200
+            node.exposition()  # another pipeline in the same process: no second warning
+        finally:
+            agent.stop(timeout_s=2)
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "fast path" in r.getMessage()
+    ]
+    return page.decode(), warnings
+
+
+@pytest.mark.usefixtures("fresh_choice")
+def test_an_sdk_of_another_private_shape_serves_the_public_path_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Simulated: the SDK's measurement consumer keeps its reader storages in a read-only mapping instead
+    of a dict (the SDK itself only reads it after start), which the janitor's check refuses."""
+    import types
+
+    from opentelemetry.sdk.metrics._internal import measurement_consumer
+
+    consumer = measurement_consumer.SynchronousMeasurementConsumer
+    original = consumer.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self._reader_storages = types.MappingProxyType(dict(self._reader_storages))
+
+    monkeypatch.setattr(consumer, "__init__", init)
+    page, warnings = serve_and_scrape(tmp_path, caplog)
+    assert len(warnings) == 1 and "forget_departed" in warnings[0], warnings
+    assert series(page, "numa_agent_fast_path") == {frozenset(): 0.0}
+    assert series(page, "numa_cpu_capacity")
+
+
+@pytest.mark.usefixtures("fresh_choice")
+def test_another_release_serves_the_public_path_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(fast.PROVEN_RELEASES, "opentelemetry-sdk", "1.44.0")  # hypothetically proven
+    page, warnings = serve_and_scrape(tmp_path, caplog)
+    assert len(warnings) == 1 and "opentelemetry-sdk 1.45.2 is installed" in warnings[0], warnings
+    assert series(page, "numa_agent_fast_path") == {frozenset(): 0.0}
+
+
+@pytest.mark.usefixtures("fresh_choice")
+def test_the_proven_releases_serve_the_fast_path_without_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    page, warnings = serve_and_scrape(tmp_path, caplog)
+    assert warnings == []
+    assert series(page, "numa_agent_fast_path") == {frozenset(): 1.0}
+
+
+def test_the_command_line_chooses_the_path(tmp_path: Path) -> None:
+    node = build_scenario(tmp_path, uniform_nodes(2, 4))
+    assert series(node.run_once("--fast-path", "off"), "numa_agent_fast_path") == {frozenset(): 0.0}
+    assert series(node.run_once(), "numa_agent_fast_path") == {frozenset(): 1.0}
+    assert series(node.exposition(fast_path="off"), "numa_agent_fast_path") == {frozenset(): 0.0}
