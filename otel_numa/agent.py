@@ -50,8 +50,13 @@ class Agent:
         if options.cgroups is not None:
             cgroups = options.cgroups
             names = ContainerLogNames(cgroups.container_logs_root)
+            machine_collector = self._machine
             self._cgroups = CgroupCollector(
-                cgroups.cgroup_root, names, self.sources, memory_types=cgroups.memory_types
+                cgroups.cgroup_root,
+                names,
+                self.sources,
+                memory_types=cgroups.memory_types,
+                topology=lambda: machine_collector.topology,
             )
         self._allocation: LastResult[Allocation] = LastResult()
         # Each stage counts its internal errors on the source it mainly reads.
@@ -100,7 +105,8 @@ class Agent:
 
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None
-        kubelet = self.background.merge(self._kubelet.collect())
+        cpus = machine.topology.online_cpus if machine is not None else frozenset()
+        kubelet = self.background.merge(self._kubelet.collect(max(cpus) if cpus else None))
         if machine is None:  # no topology yet: nothing can be put on a NUMA node
             return kubelet, Allocation()
         reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from otel_numa.model import KubeletState
+from otel_numa.model import CpuManagerState, KubeletState
 from otel_numa.options import KubeletOptions
 from otel_numa.source_status import SourceRegistry, SourceTracker
-from otel_numa.sources.checkpoints.cpu_manager import read_cpu_manager_state
+from otel_numa.sources.checkpoints.cpu_manager import cpus_beyond, read_cpu_manager_state
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import read_memory_manager_state
-from otel_numa.sources.errors import SourceError, SourceMissing
-from otel_numa.sources.files import StatSignature
+from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
+from otel_numa.sources.files import OUT_OF_RANGE, StatSignature
 from otel_numa.sources.pod_logs import read_pod_identities
 
 T = TypeVar("T")
@@ -40,9 +40,18 @@ class CheckpointFile(Generic[T]):
         self._signature: StatSignature | None = None
         self._value: T | None = None
 
-    def read(self) -> T | None:
+    def read(self, check: Callable[[T], None] | None = None) -> T | None:
+        """The parsed file; ``check`` (raising :class:`SourceError`) rejects it whole for this round."""
         with self._tracker.timed():
-            return self._read()
+            value = self._read()
+            if value is not None and check is not None:
+                try:
+                    check(value)
+                except SourceError as error:
+                    self._signature = self._value = None  # checked again next round
+                    self._tracker.failed(error)
+                    return None
+            return value
 
     def _read(self) -> T | None:
         signature = StatSignature.of(self.path)
@@ -135,9 +144,19 @@ class KubeletCollector:
     def watched_files(self) -> tuple[Path, ...]:
         return tuple(file.path for file in (self.cpu, self.memory, self.devices) if file is not None)
 
-    def collect(self) -> KubeletState:
+    def collect(self, highest_cpu: int | None = None) -> KubeletState:
+        """The checkpoints' state; a CPU manager state naming a CPU above ``highest_cpu`` (the machine's
+        highest, when known) is not this machine's: rejected whole (``out_of_range``)."""
+
+        def on_this_machine(state: CpuManagerState) -> None:
+            if highest_cpu is not None and cpus_beyond(state, highest_cpu):
+                raise SourceCorrupt(
+                    f"{self.cpu.path if self.cpu else CPU_MANAGER_FILE}: a CPU the machine does not have",
+                    error_type=OUT_OF_RANGE,
+                )
+
         return KubeletState(
-            cpu=self.cpu.read() if self.cpu is not None else None,
+            cpu=self.cpu.read(on_this_machine) if self.cpu is not None else None,
             memory=self.memory.read() if self.memory is not None else None,
             devices=self.devices.read() if self.devices is not None else None,
             live_pods=self._pods.get(),

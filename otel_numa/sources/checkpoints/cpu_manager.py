@@ -16,6 +16,7 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 
 from otel_numa.model import CpuManagerState, shared_name
@@ -46,6 +47,7 @@ from otel_numa.sources.checkpoints.gojson import (
     zero_value,
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceError
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE
 
 WHAT = "cpu_manager_state"
 
@@ -67,8 +69,10 @@ def _decode_pod_entry(decoder: GoDecoder, node: object, current: StructValue) ->
     raw = decoder.decode(_POD_ENTRY_JSON, node, zero_value(_POD_ENTRY_JSON))
     assert isinstance(raw, dict)
     try:
-        cpus = parse_go_cpuset(str(raw["CPUSet"]))
+        cpus = _charged_cpuset(str(raw["CPUSet"]))
     except SourceCorrupt as exc:
+        if exc.error_type == OUT_OF_RANGE:
+            raise
         decoder.error(f"pod entry: {exc}")
         return current
     return {"CPUSet": {"elems": {cpu: {} for cpu in cpus}}}
@@ -136,11 +140,41 @@ _V3 = _layout("v3", "CPUManagerCheckpointV3", _ENTRIES_V2, pod_entries=True)
 # ----------------------------------------------------------------------------------------- reading
 
 
+# CPU ids a whole file may list, summed over its sets (and over the layouts tried): the kubelet's sets are
+# disjoint slices of one machine (v3/v4 pod pools repeat their containers' CPUs), so a valid file lists each
+# CPU a few times at most. A 3.6 KB file of 200 sets "0-65535" would otherwise expand to 13 million ids.
+MAX_LISTED_CPUS = 8 * (MAX_CPU_ID + 1)
+_listed: ContextVar[list[int]] = ContextVar("cpu_manager_listed")
+
+
+def _charged_cpuset(text: str) -> frozenset[int]:
+    """``parse_go_cpuset``, charged to this file's budget of listed CPU ids."""
+    cpus = parse_go_cpuset(text)
+    budget = _listed.get(None)
+    if budget is not None:
+        budget[0] -= len(cpus)
+        if budget[0] < 0:
+            raise SourceCorrupt(
+                f"{WHAT}: its CPU sets list more CPUs than any machine has", error_type=OUT_OF_RANGE
+            )
+    return cpus
+
+
 def _cpus(text: object, where: str) -> frozenset[int]:
     try:
-        return parse_go_cpuset(str(text))
+        return _charged_cpuset(str(text))
     except SourceCorrupt as exc:
+        if exc.error_type == OUT_OF_RANGE:
+            raise
         raise SourceCorrupt(f"{WHAT}: {where}: {exc}", error_type=INVALID_VALUE) from exc
+
+
+def cpus_beyond(state: CpuManagerState, highest_cpu: int) -> bool:
+    """Whether ``state`` names a CPU above ``highest_cpu`` (the machine's highest): the file is then not
+    this machine's, and rejected whole."""
+    sets = [state.default_cpu_set, *state.pod_entries.values()]
+    sets += [cpus for containers in state.entries.values() for cpus in containers.values()]
+    return any(cpus and max(cpus) > highest_cpu for cpus in sets)
 
 
 def _state(verified: Verified) -> CpuManagerState:
@@ -181,6 +215,14 @@ def _state(verified: Verified) -> CpuManagerState:
 
 def parse_cpu_manager_state(data: bytes) -> CpuManagerState:
     """Decode and verify a CPU manager checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
+    budget = _listed.set([MAX_LISTED_CPUS])
+    try:
+        return _parse(data)
+    finally:
+        _listed.reset(budget)
+
+
+def _parse(data: bytes) -> CpuManagerState:
     try:
         top = parse_top_object(data, WHAT)
         verified = verify_data_layout(top, _V4_TOP, _V4_DATA, _with_empty_maps, "v4", WHAT)
