@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import generate_latest
@@ -26,13 +27,19 @@ from otel_numa.memo import LastResult
 from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage
 from otel_numa.options import AgentOptions
 from otel_numa.pipeline import Pipeline, build_pipeline
-from otel_numa.scheduler import Scheduler
+from otel_numa.scheduler import Scheduler, WithDeadline
 from otel_numa.snapshot import Snapshot, SnapshotStore
 from otel_numa.source_status import SourceRegistry
 from otel_numa.stages import Stage
 from otel_numa.watch import CheckpointWatcher
 
 log = logging.getLogger(__name__)
+
+# How long a read that hangs may hold: --once (it then prints what it has), the start-up snapshot (the
+# agent then serves, not ready), a background cgroup walk (the push then carries the last good walk).
+ONCE_WAIT_S = 10.0
+START_WAIT_S = 10.0
+BACKGROUND_READ_WAIT_S = 1.0
 
 
 class Agent:
@@ -65,7 +72,7 @@ class Agent:
         self._allocation_stage = Stage("allocation", tracker("cpu_manager"), (KubeletState(), Allocation()))
         self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
         self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
-        self.store = SnapshotStore(self._build_snapshot)
+        self.store = SnapshotStore(self._build_snapshot, stale=self._stale_snapshot)
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
         self._prometheus_server: MetricsServer | None = None
@@ -76,6 +83,7 @@ class Agent:
     # Snapshot -----------------------------------------------------------------------------------
 
     def _build_snapshot(self) -> Snapshot:
+        self.sources.count_stuck_reads()  # a background read that hangs (the cgroup walk) is counted too
         machine = self._machine_stage.run(self._machine.collect)
         stages: list[Stage[Any]] = [self._machine_stage]
         kubelet, allocation = KubeletState(), Allocation()
@@ -103,6 +111,20 @@ class Agent:
             series_forgetting=self.pipeline.forgetting_supported if self.pipeline is not None else None,
         )
 
+    def _stale_snapshot(self, latest: Snapshot | None, now: float) -> Snapshot:
+        """What a collection serves while a build hangs: the last good data, aged to now, with the stuck
+        reads counted as ``timeout`` errors."""
+        self.sources.count_stuck_reads()
+        if latest is None:
+            return Snapshot(
+                taken_at=now, machine=None, allocation=Allocation(), sources=self.sources.reports()
+            )
+        return replace(latest, taken_at=now, sources=self.sources.reports())
+
+    def healthy(self) -> bool:
+        """False once one collection has run longer than the stall timeout (``/healthz``)."""
+        return self.store.stalled_for() <= self.options.stall_timeout_s
+
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None
         cpus = machine.topology.online_cpus if machine is not None else frozenset()
@@ -125,8 +147,10 @@ class Agent:
         self.background.refresh_once()
 
     def exposition_once(self) -> bytes:
-        """The Prometheus text exposition of one collection."""
-        self.refresh_background()
+        """The Prometheus text exposition of one collection; a read that hangs costs it at most
+        :data:`ONCE_WAIT_S` (its source is then counted as a ``timeout``)."""
+        WithDeadline(self.refresh_background, ONCE_WAIT_S, "otel-numa-once")()
+        self.store.fresh_wait_s = ONCE_WAIT_S
         pipeline = build_pipeline(self.options, self.store, exporters=("prometheus",))
         try:
             assert pipeline.registry is not None
@@ -140,7 +164,7 @@ class Agent:
         options, export = self.options, self.options.export
         if options.health_address is not None:
             host, port = options.health_address
-            self._health = HealthServer(host, port, lambda: self.store.ready)
+            self._health = HealthServer(host, port, lambda: self.store.ready, self.healthy)
             self._health.start()
         self.pipeline = build_pipeline(options, self.store)
         self.background.live_pods_listener = self.pipeline.forget_departed
@@ -148,12 +172,18 @@ class Agent:
             host, port = export.prometheus_address
             self._prometheus_server = MetricsServer(host, port, self.pipeline.registry, export.tls)
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
-        self.store.refresh()
+        self.store.refresh(wait_s=START_WAIT_S)
+        # the cgroup walk reads a few files per container: one that hangs must not hold the push
+        cgroup_refresh = (
+            [WithDeadline(self._cgroups.refresh, BACKGROUND_READ_WAIT_S, "otel-numa-cgroups")]
+            if self._cgroups is not None
+            else []
+        )
         self.scheduler = Scheduler(
             options.interval_s,
             [*self.background.tasks, self._push],
             min_trigger_gap_s=options.push_min_interval_s,
-            periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
+            periodic_tasks=cgroup_refresh,
             closing_tasks=[tidy_after_round],
         )
         self.scheduler.start()
@@ -180,7 +210,7 @@ class Agent:
         if self.watcher is not None:
             self.watcher.stop(timeout_s=0.2)
         if self.scheduler is not None:
-            self.scheduler.stop(timeout_s=0.5)
+            self.scheduler.stop(timeout_s=BACKGROUND_READ_WAIT_S + 0.5)
             push_stuck = self.scheduler.running
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()

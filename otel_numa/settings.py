@@ -105,6 +105,8 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
     )
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
+    # /healthz answers 503 once one collection has run this many seconds without finishing (a stuck read)
+    stall_timeout: float = Field(default=60.0, gt=0, le=3600)
     interval: float = Field(default=15.0, gt=0, le=3600)
     # Shortest time between two exports triggered by kubelet state changes (the last change is always sent).
     push_min_interval: float = Field(default=0.2, ge=0, le=60)
@@ -279,6 +281,7 @@ class Settings(BaseSettings):
             node_name=self.node_name,
             interval_s=self.interval,
             push_min_interval_s=self.push_min_interval,
+            stall_timeout_s=self.stall_timeout,
             health_address=_address_or_none(self.health_address),
             metrics=tuple(spec.name for spec in metrics),
             machine=MachineOptions(
