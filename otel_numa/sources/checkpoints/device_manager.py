@@ -126,7 +126,7 @@ def _entry(raw: StructValue, flat: bool) -> DeviceEntry:
     return DeviceEntry(
         pod_uid=shared_name(str(raw["PodUID"])),
         container_name=shared_name(str(raw["ContainerName"])),
-        resource_name=str(raw["ResourceName"]),
+        resource_name=shared_name(str(raw["ResourceName"])),
         devices_by_numa=by_numa,
     )
 
@@ -137,7 +137,7 @@ def _state(verified: Verified) -> DeviceManagerState:
     registered = cast(dict[str, object], data["RegisteredDevices"] or {})
     return DeviceManagerState(
         entries=tuple(_entry(raw, flat=verified.layout == "v1") for raw in raw_entries),
-        registered_devices={resource: _strings(ids) for resource, ids in registered.items()},
+        registered_devices={shared_name(resource): _strings(ids) for resource, ids in registered.items()},
         layout=verified.layout,
     )
 
