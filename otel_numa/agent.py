@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # How long a read that hangs may hold: --once (it then prints what it has), the start-up snapshot (the
 # agent then serves, not ready), a background cgroup walk (the push then carries the last good walk).
 ONCE_WAIT_S = 10.0
-START_WAIT_S = 10.0
+START_WAIT_S = 2.0  # SIGTERM during start-up must still end within the grace period
 BACKGROUND_READ_WAIT_S = 1.0
 
 
@@ -127,8 +127,11 @@ class Agent:
 
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None
-        cpus = machine.topology.online_cpus if machine is not None else frozenset()
-        kubelet = self.background.merge(self._kubelet.collect(max(cpus) if cpus else None))
+        # the checkpoints are judged against the machine: ids it does not have make a file not its own
+        topology = machine.topology if machine is not None else None
+        cpus = topology.online_cpus if topology is not None else frozenset()
+        nodes = frozenset(topology.node_ids) if topology is not None else None
+        kubelet = self.background.merge(self._kubelet.collect(max(cpus) if cpus else None, nodes))
         if machine is None:  # no topology yet: nothing can be put on a NUMA node
             return kubelet, Allocation()
         reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from otel_numa.model import CpuManagerState, KubeletState
+from otel_numa.model import CpuManagerState, DeviceManagerState, KubeletState, MemoryManagerState
 from otel_numa.options import KubeletOptions
 from otel_numa.source_status import SourceRegistry, SourceTracker
+from otel_numa.sources.checkpoints import device_manager, memory_manager
 from otel_numa.sources.checkpoints.cpu_manager import cpus_beyond, read_cpu_manager_state
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import read_memory_manager_state
@@ -116,7 +117,7 @@ class KubeletCollector:
     """The checkpoints the enabled metrics need (``options.checkpoints``), ``pods/`` and the pod log names."""
 
     def __init__(self, options: KubeletOptions, registry: SourceRegistry) -> None:
-        root = options.kubelet_root
+        root = self.root = options.kubelet_root
         wanted = options.checkpoints
         self.cpu = (
             CheckpointFile(root / CPU_MANAGER_FILE, read_cpu_manager_state, registry.tracker("cpu_manager"))
@@ -144,21 +145,31 @@ class KubeletCollector:
     def watched_files(self) -> tuple[Path, ...]:
         return tuple(file.path for file in (self.cpu, self.memory, self.devices) if file is not None)
 
-    def collect(self, highest_cpu: int | None = None) -> KubeletState:
-        """The checkpoints' state; a CPU manager state naming a CPU above ``highest_cpu`` (the machine's
-        highest, when known) is not this machine's: rejected whole (``out_of_range``)."""
+    def collect(self, highest_cpu: int | None = None, node_ids: frozenset[int] | None = None) -> KubeletState:
+        """The checkpoints' state. A checkpoint naming a CPU above ``highest_cpu`` or a NUMA node not among
+        ``node_ids`` (the machine's, when known) is not this machine's: rejected whole (``out_of_range``)."""
 
-        def on_this_machine(state: CpuManagerState) -> None:
+        def beyond(path: Path) -> SourceCorrupt:
+            return SourceCorrupt(
+                f"{path}: a CPU or NUMA node the machine does not have", error_type=OUT_OF_RANGE
+            )
+
+        def cpus_on_machine(state: CpuManagerState) -> None:
             if highest_cpu is not None and cpus_beyond(state, highest_cpu):
-                raise SourceCorrupt(
-                    f"{self.cpu.path if self.cpu else CPU_MANAGER_FILE}: a CPU the machine does not have",
-                    error_type=OUT_OF_RANGE,
-                )
+                raise beyond(self.root / CPU_MANAGER_FILE)
+
+        def memory_on_machine(state: MemoryManagerState) -> None:
+            if node_ids and memory_manager.nodes_beyond(state, node_ids):
+                raise beyond(self.root / MEMORY_MANAGER_FILE)
+
+        def devices_on_machine(state: DeviceManagerState) -> None:
+            if node_ids and device_manager.nodes_beyond(state, node_ids):
+                raise beyond(self.root / DEVICE_CHECKPOINT_FILE)
 
         return KubeletState(
-            cpu=self.cpu.read(on_this_machine) if self.cpu is not None else None,
-            memory=self.memory.read() if self.memory is not None else None,
-            devices=self.devices.read() if self.devices is not None else None,
+            cpu=self.cpu.read(cpus_on_machine) if self.cpu is not None else None,
+            memory=self.memory.read(memory_on_machine) if self.memory is not None else None,
+            devices=self.devices.read(devices_on_machine) if self.devices is not None else None,
             live_pods=self._pods.get(),
             pod_names=self._pod_names.get() or _NO_NAMES,
         )

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.testing.checkpoints import cpu_manager_state_bytes, write_atomically
+from otel_numa.model import DeviceEntry
+from otel_numa.testing.checkpoints import cpu_manager_state_bytes, device_checkpoint_bytes, write_atomically
 from otel_numa.testing.kubelet_scenario import series
 from otel_numa.testing.large_node import LargeNode, LargeNodeSpec, write_large_node
 from otel_numa.testing.peers import (
@@ -308,6 +309,24 @@ def test_cpu_sets_beyond_the_machine_are_refused(node: LargeNode, tmp_path: Path
     with serving(node, tmp_path) as agent:
         write_atomically(node.cpu_manager_path, data)
         agent.wait_counted("cpu_manager", "out_of_range")
+        agent.still_serving()
+        agent.stop()
+
+
+def test_checkpoints_naming_numa_nodes_beyond_the_machine_are_refused(
+    node: LargeNode, tmp_path: Path
+) -> None:
+    """A device checkpoint filing devices under NUMA nodes 0..15999 of a 2-node machine: rejected whole
+    (``out_of_range``), never 16,000 series."""
+    entries = [
+        DeviceEntry("pod-x", "c", "example.com/gpu", {numa: (f"gpu-{numa}",) for numa in range(16000)})
+    ]
+    data = device_checkpoint_bytes(entries, {"example.com/gpu": [f"gpu-{numa}" for numa in range(16000)]})
+    with serving(node, tmp_path) as agent:
+        before = len(series(agent.scrape(), "numa_device_allocated"))
+        write_atomically(node.device_checkpoint_path, data)
+        agent.wait_counted("device_manager", "out_of_range")
+        assert len(series(agent.scrape(), "numa_device_allocated")) <= before
         agent.still_serving()
         agent.stop()
 

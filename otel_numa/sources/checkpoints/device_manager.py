@@ -159,3 +159,10 @@ def read_device_checkpoint(path: Path) -> DeviceManagerState:
         return parse_device_checkpoint(data)
     except SourceError as exc:
         raise with_path(path, exc) from exc
+
+
+def nodes_beyond(state: DeviceManagerState, node_ids: frozenset[int]) -> bool:
+    """Whether ``state`` files a device under a NUMA node that is not among ``node_ids`` (the machine's) nor
+    ``-1``: the file is then not this machine's, and rejected whole."""
+    known = node_ids | {NO_NUMA_AFFINITY}
+    return any(not known.issuperset(entry.devices_by_numa) for entry in state.entries)
