@@ -86,15 +86,18 @@ class SourceTracker:
         with self._lock:
             self._errors.setdefault(error_type, 0)
 
-    def succeeded(self) -> None:
+    def succeeded(self, *, partly: bool = False) -> None:
+        """The source was read; ``partly``: some of its items failed this round (counted with
+        :meth:`failed`), so their failures stay logged once rather than again every round."""
         with self._lock:
             self.used = True
             if not self._present:
                 log.info("source %s is available", self.name)
-            elif self._logged_failures:
+            elif self._logged_failures and not partly:
                 log.info("source %s recovered", self.name)
             self._present = True
-            self._logged_failures.clear()
+            if not partly:
+                self._logged_failures.clear()
             self._last_good = self._clock()
             self._last_ok = True
 

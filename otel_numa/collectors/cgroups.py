@@ -175,12 +175,15 @@ class CgroupCollector:
             try:
                 usage = read(cgroup, layout)
             except SourceError as error:
-                failures.append(error)
+                # a new error, without the traceback whose frames would hold the file's text until a cyclic
+                # collection; named by its cgroup
+                message = str(error) if str(error).startswith(cgroup.path) else f"{cgroup.path}: {error}"
+                failures.append(type(error)(message, error_type=error.error_type))
                 continue
             if usage is not None:  # None: the container stopped meanwhile
                 usages.append(usage)
         self._view = CgroupView(layout, tuple(usages), self._names(), self._clock())
-        self._tracker.succeeded()
+        self._tracker.succeeded(partly=bool(failures))
         for failure in failures:
             self._tracker.failed(failure)
 

@@ -20,7 +20,7 @@ from otel_numa.sources.checkpoints.cpu_manager import cpus_beyond, read_cpu_mana
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import read_memory_manager_state
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
-from otel_numa.sources.files import OUT_OF_RANGE, StatSignature
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE, StatSignature
 from otel_numa.sources.pod_logs import read_pod_identities
 
 T = TypeVar("T")
@@ -119,8 +119,13 @@ class KubeletCollector:
     def __init__(self, options: KubeletOptions, registry: SourceRegistry) -> None:
         root = self.root = options.kubelet_root
         wanted = options.checkpoints
+        self._highest_cpu = MAX_CPU_ID  # the machine's, once known: a CPU set is not expanded past it
         self.cpu = (
-            CheckpointFile(root / CPU_MANAGER_FILE, read_cpu_manager_state, registry.tracker("cpu_manager"))
+            CheckpointFile(
+                root / CPU_MANAGER_FILE,
+                lambda path: read_cpu_manager_state(path, self._highest_cpu),
+                registry.tracker("cpu_manager"),
+            )
             if "cpu_manager" in wanted
             else None
         )
@@ -148,6 +153,8 @@ class KubeletCollector:
     def collect(self, highest_cpu: int | None = None, node_ids: frozenset[int] | None = None) -> KubeletState:
         """The checkpoints' state. A checkpoint naming a CPU above ``highest_cpu`` or a NUMA node not among
         ``node_ids`` (the machine's, when known) is not this machine's: rejected whole (``out_of_range``)."""
+
+        self._highest_cpu = MAX_CPU_ID if highest_cpu is None else highest_cpu
 
         def beyond(path: Path) -> SourceCorrupt:
             return SourceCorrupt(

@@ -85,11 +85,13 @@ def read_bytes(path: str | Path, *, limit: int) -> bytes:
             raise SourceCorrupt(f"{path}: a symbolic link, not followed", error_type=SYMLINK) from exc
         raise _open_error(path, exc) from exc
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        status = os.fstat(fd)
+        if stat.S_ISDIR(status.st_mode):
             raise SourceUnavailable(f"{path}: is a directory")
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(status.st_mode):
             raise SourceCorrupt(f"{path}: not a regular file", error_type=NOT_REGULAR)
+        if status.st_size > limit:  # a real file says its size; sysfs and procfs files say 4096 or 0
+            raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
         # one read is the whole file unless it fills the buffer: then read on to the end (or the limit)
         cap = min(_READ_SIZE, limit + 1)
         data = os.read(fd, cap)

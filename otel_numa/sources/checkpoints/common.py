@@ -23,7 +23,7 @@ from otel_numa.sources.checkpoints.gojson import (
 )
 from otel_numa.sources.checkpoints.gospew import string_checksum, struct_checksum
 from otel_numa.sources.errors import SourceCorrupt, SourceError
-from otel_numa.sources.files import MAX_CPU_ID, read_bytes
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE, read_bytes
 
 # error_type words of SourceCorrupt (low cardinality: they become a metric attribute)
 WRONG_TYPE = "wrong_type"  # valid JSON whose types fit no layout
@@ -31,9 +31,11 @@ CHECKSUM_MISMATCH = "checksum_mismatch"
 UNSUPPORTED_LAYOUT = "unsupported_layout"  # valid JSON, but not a checkpoint of this kind
 INVALID_VALUE = "invalid_value"  # verified, but a value the kubelet itself would refuse
 
-# Real checkpoints are kilobytes (a node of 110 pods: ~20 KB; thousands of devices: ~1 MB); the cap keeps a
-# runaway file, once parsed, well inside the agent's memory limit (docs/decisions-hostile-input.md).
-MAX_CHECKPOINT_BYTES = 8 * 1024 * 1024
+# Real checkpoints are kilobytes (a node of 110 pods: ~10 KB of CPU sets, ~60 KB of memory blocks, devices
+# with their allocate responses up to ~1 MB). Parsing costs ~25 bytes of heap per byte of JSON of small
+# objects, so the cap keeps a runaway file's parse (~55 MB at most) inside the chart's 128 Mi limit
+# (docs/decisions-hostile-input.md).
+MAX_CHECKPOINT_BYTES = 2 * 1024 * 1024
 
 
 def read_checkpoint_bytes(path: Path) -> bytes:
@@ -56,10 +58,12 @@ def _atoi(text: str, whole: str) -> int:
     return int(text)
 
 
-def parse_go_cpuset(text: str) -> frozenset[int]:
+def parse_go_cpuset(text: str, limit: int = MAX_CPU_ID) -> frozenset[int]:
     """Parse a CPU set as the kubelet's ``cpuset.Parse`` does (``0-3,8``; empty is the empty set).
 
     Stricter than the kernel's list syntax, like Go: no blanks, no empty items, ``strconv.Atoi`` numbers.
+    A CPU above ``limit`` (the machine's highest, when known) is ``out_of_range``, found before the set is
+    expanded.
     """
     if text == "":
         return frozenset()
@@ -72,6 +76,8 @@ def parse_go_cpuset(text: str) -> frozenset[int]:
             raise SourceCorrupt("bad CPU range in CPU set", error_type=INVALID_VALUE)
         if low < 0 or high > MAX_CPU_ID:
             raise SourceCorrupt("CPU id out of range in CPU set", error_type=INVALID_VALUE)
+        if high > limit:
+            raise SourceCorrupt("a CPU the machine does not have", error_type=OUT_OF_RANGE)
         cpus.update(range(low, high + 1))
     return frozenset(cpus)
 

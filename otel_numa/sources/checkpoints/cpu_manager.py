@@ -17,6 +17,7 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 from otel_numa.model import CpuManagerState, shared_name
@@ -143,19 +144,27 @@ _V3 = _layout("v3", "CPUManagerCheckpointV3", _ENTRIES_V2, pod_entries=True)
 # CPU ids a whole file may list, summed over its sets (and over the layouts tried): the kubelet's sets are
 # disjoint slices of one machine (v3/v4 pod pools repeat their containers' CPUs), so a valid file lists each
 # CPU a few times at most. A 3.6 KB file of 200 sets "0-65535" would otherwise expand to 13 million ids.
-MAX_LISTED_CPUS = 8 * (MAX_CPU_ID + 1)
-_listed: ContextVar[list[int]] = ContextVar("cpu_manager_listed")
+LISTED_PER_CPU = 8
+
+
+@dataclass(slots=True)
+class _Budget:
+    highest_cpu: int  # the machine's highest CPU id (MAX_CPU_ID when not known)
+    listed_left: int
+
+
+_budget: ContextVar[_Budget] = ContextVar("cpu_manager_budget")
 
 
 def _charged_cpuset(text: str) -> frozenset[int]:
-    """``parse_go_cpuset``, charged to this file's budget of listed CPU ids."""
-    cpus = parse_go_cpuset(text)
-    budget = _listed.get(None)
+    """``parse_go_cpuset`` bounded by the machine, and charged to this file's budget of listed CPU ids."""
+    budget = _budget.get(None)
+    cpus = parse_go_cpuset(text, budget.highest_cpu if budget is not None else MAX_CPU_ID)
     if budget is not None:
-        budget[0] -= len(cpus)
-        if budget[0] < 0:
+        budget.listed_left -= len(cpus)
+        if budget.listed_left < 0:
             raise SourceCorrupt(
-                f"{WHAT}: its CPU sets list more CPUs than any machine has", error_type=OUT_OF_RANGE
+                f"{WHAT}: its CPU sets list more CPUs than the machine has", error_type=OUT_OF_RANGE
             )
     return cpus
 
@@ -215,11 +224,17 @@ def _state(verified: Verified) -> CpuManagerState:
 
 def parse_cpu_manager_state(data: bytes) -> CpuManagerState:
     """Decode and verify a CPU manager checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
-    budget = _listed.set([MAX_LISTED_CPUS])
+    return parse_cpu_manager_state_within(data, MAX_CPU_ID)
+
+
+def parse_cpu_manager_state_within(data: bytes, highest_cpu: int) -> CpuManagerState:
+    """:func:`parse_cpu_manager_state`, with ``out_of_range`` for a CPU above ``highest_cpu`` (the machine's
+    highest), found before any CPU set is expanded."""
+    token = _budget.set(_Budget(highest_cpu, LISTED_PER_CPU * (highest_cpu + 1)))
     try:
         return _parse(data)
     finally:
-        _listed.reset(budget)
+        _budget.reset(token)
 
 
 def _parse(data: bytes) -> CpuManagerState:
@@ -237,10 +252,10 @@ def _parse(data: bytes) -> CpuManagerState:
         raise SourceCorrupt(f"{WHAT}: {exc}", error_type=PARSE_ERROR) from exc
 
 
-def read_cpu_manager_state(path: Path) -> CpuManagerState:
+def read_cpu_manager_state(path: Path, highest_cpu: int = MAX_CPU_ID) -> CpuManagerState:
     """Read and verify ``path`` (read-only); SourceMissing when it does not exist."""
     data = read_checkpoint_bytes(path)
     try:
-        return parse_cpu_manager_state(data)
+        return parse_cpu_manager_state_within(data, highest_cpu)
     except SourceError as exc:
         raise with_path(path, exc) from exc
