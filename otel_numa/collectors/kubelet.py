@@ -20,7 +20,7 @@ from otel_numa.sources.checkpoints.cpu_manager import cpus_beyond, read_cpu_mana
 from otel_numa.sources.checkpoints.device_manager import read_device_checkpoint
 from otel_numa.sources.checkpoints.memory_manager import read_memory_manager_state
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
-from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE, StatSignature
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE, SYMLINK, StatSignature
 from otel_numa.sources.pod_logs import read_pod_identities
 
 T = TypeVar("T")
@@ -110,6 +110,19 @@ def _pod_names(path: Path) -> dict[str, tuple[str, str]]:
     return {uid: (pod.namespace, pod.name) for uid, pod in read_pod_identities(path).items()}
 
 
+def _inside(root: Path, parse: Callable[[Path], T]) -> Callable[[Path], T]:
+    """``parse``, for a file whose directory must not lead out of ``root`` by a symbolic link (the file
+    itself is never followed); checked when the file is parsed, that is when it changed."""
+
+    def parse_inside(path: Path) -> T:
+        real_root, real = os.path.realpath(root), os.path.realpath(path.parent)
+        if real != real_root and not real.startswith(real_root + os.sep):
+            raise SourceCorrupt(f"{path}: its directory leads out of {root}", error_type=SYMLINK)
+        return parse(path)
+
+    return parse_inside
+
+
 _NO_NAMES: dict[str, tuple[str, str]] = {}  # one shared object, so "unchanged" stays "the same object"
 
 
@@ -138,7 +151,9 @@ class KubeletCollector:
         )
         self.devices = (
             CheckpointFile(
-                root / DEVICE_CHECKPOINT_FILE, read_device_checkpoint, registry.tracker("device_manager")
+                root / DEVICE_CHECKPOINT_FILE,
+                _inside(root, read_device_checkpoint),
+                registry.tracker("device_manager"),
             )
             if "device_manager" in wanted
             else None

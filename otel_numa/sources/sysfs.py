@@ -27,6 +27,7 @@ from typing import TypeVar
 from otel_numa.model import HugepagePool, NodeMemory, NumaNode, Topology
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import (
+    SYMLINK,
     ErrorSink,
     format_cpulist,
     naming,
@@ -116,11 +117,23 @@ def _read_lines(path: str | Path, on_error: ErrorSink | None) -> str | None:
     return kept
 
 
-def _numbered_entries(directory: str | Path, pattern: re.Pattern[str]) -> dict[int, str]:
-    """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it."""
+def _numbered_entries(
+    directory: str | Path, pattern: re.Pattern[str], on_error: ErrorSink | None = None
+) -> dict[int, str]:
+    """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it.
+
+    The kernel makes these (``nodeN``, ``cpuN``, ``hugepages-<kB>kB``) real directories: one that is a
+    symbolic link could lead out of the sysfs root, so it is left out and reported (``symlink``)."""
     try:
         with os.scandir(directory) as entries:
-            names = [entry.name for entry in entries]
+            names = []
+            for entry in entries:
+                if not entry.is_symlink():
+                    names.append(entry.name)
+                elif pattern.fullmatch(entry.name) is not None and on_error is not None:
+                    on_error(
+                        SourceCorrupt(f"{entry.path}: a symbolic link, not followed", error_type=SYMLINK)
+                    )
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise SourceMissing(f"{directory}: not found") from exc
     except OSError as exc:
@@ -197,10 +210,10 @@ def _read_online_cpus(sysfs_root: Path, on_error: ErrorSink | None) -> frozenset
     return _online_cpus_from_cpu_dirs(cpu_dir, on_error)
 
 
-def _node_ids(sysfs_root: Path) -> tuple[int, ...]:
+def _node_ids(sysfs_root: Path, on_error: ErrorSink | None = None) -> tuple[int, ...]:
     """Ids of the ``nodeN`` directories, sorted; empty on a kernel without NUMA."""
     try:
-        return tuple(sorted(_numbered_entries(sysfs_root / NODE_DIR, _NODE_NAME)))
+        return tuple(sorted(_numbered_entries(sysfs_root / NODE_DIR, _NODE_NAME, on_error)))
     except SourceMissing:
         return ()
 
@@ -309,7 +322,7 @@ def read_topology(sysfs_root: Path, procfs_root: Path, *, on_error: ErrorSink | 
     machine reader takes the same roots.
     """
     online_cpus = _read_online_cpus(sysfs_root, on_error)
-    present = _node_ids(sysfs_root)
+    present = _node_ids(sysfs_root, on_error)
     if not present:
         only = NumaNode(
             id=0, cpus=online_cpus or frozenset(), distances={}, cpus_known=online_cpus is not None

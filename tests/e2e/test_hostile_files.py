@@ -11,6 +11,7 @@ arrive, the agent's peak RSS stays bounded, and the error is counted on
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -384,7 +385,8 @@ SECRET = "root:$6$hostile-secret-hash$:19000:0:99999:7:::"
 
 def test_links_out_of_the_roots_are_not_followed(node: LargeNode, tmp_path: Path) -> None:
     """Node 0's ``cpulist``, the CPU manager checkpoint and a container's ``memory.numa_stat`` replaced by
-    links to a file outside every root: each counted as ``symlink``, nothing of the target in the log."""
+    links to a file outside every root, and node 1's directory and ``device-plugins/`` by links to copies
+    outside: each counted as ``symlink``, nothing of the target in the log."""
     secret = tmp_path / "shadow"
     secret.write_text(SECRET + "\n")
     links = {
@@ -395,9 +397,17 @@ def test_links_out_of_the_roots_are_not_followed(node: LargeNode, tmp_path: Path
     for path in links.values():
         path.unlink()
         path.symlink_to(secret)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    node1 = node.sysfs_root / "devices" / "system" / "node" / "node1"
+    for directory in (node1, node.device_checkpoint_path.parent):
+        moved = elsewhere / directory.name
+        shutil.move(directory, moved)
+        directory.symlink_to(moved)
     with serving(node, tmp_path) as agent:
-        for source in links:
+        for source in (*links, "device_manager"):
             agent.wait_counted(source, "symlink")
+        assert series(agent.scrape(), "numa_node_count") == {frozenset(): 1}, "node 1 is not followed"
         agent.still_serving()
         agent.stop()
     log = agent.agent.log()
