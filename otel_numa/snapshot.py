@@ -88,12 +88,14 @@ class SnapshotStore:
         self._worker: threading.Thread | None = None
         self._local = threading.local()
 
-    def _build_now(self, wait_s: float | None = None) -> Snapshot:
-        """A snapshot built after this call began, or the stale last one when none is ready in time."""
-        wait_s = self.fresh_wait_s if wait_s is None else wait_s
+    def _build_now(self, wait_s: float | None) -> Snapshot:
+        """A snapshot built after this call began, or the stale last one when none is ready within
+        ``wait_s`` seconds (``None``: wait for it however long it takes)."""
         with self._changed:
             now = self._clock()
-            stuck = self._running_since is not None and now - self._running_since > wait_s
+            stuck = (
+                wait_s is not None and self._running_since is not None and now - self._running_since > wait_s
+            )
             target = (self._running if self._running is not None else self._built) + 1
             self._wanted = max(self._wanted, target)
             if self._worker is None:
@@ -133,7 +135,7 @@ class SnapshotStore:
     @contextmanager
     def pinned(self) -> Iterator[Snapshot]:
         """Build a fresh snapshot and hold it, for this thread, for the duration of one collection."""
-        snapshot = self._build_now()
+        snapshot = self._build_now(self.fresh_wait_s)
         previous = getattr(self._local, "snapshot", None)
         self._local.snapshot = snapshot
         try:
@@ -147,11 +149,12 @@ class SnapshotStore:
         if pinned is not None:
             return pinned
         latest = self._latest
-        return latest if latest is not None else self._build_now()
+        return latest if latest is not None else self._build_now(self.fresh_wait_s)
 
     @property
     def ready(self) -> bool:
         return self._latest is not None
 
     def refresh(self, wait_s: float | None = None) -> Snapshot:
+        """A fresh snapshot, waited for at most ``wait_s`` seconds (``None``: however long it takes)."""
         return self._build_now(wait_s)
