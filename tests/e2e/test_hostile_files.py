@@ -33,6 +33,7 @@ from otel_numa.testing.peers import (
     agent_command,
     http_get,
     run_agent,
+    run_prometheus,
     run_rotel,
     wait_for,
 )
@@ -195,6 +196,12 @@ def test_a_container_name_of_invalid_utf8_costs_nothing(node: LargeNode, tmp_pat
         usage = series(page, "numa_container_memory_usage_bytes")
         assert "c\ufffdbad" in {dict(labels)["k8s_container_name"] for labels in usage}
         wait_for(lambda: "c\ufffdbad" in agent.received(), 15, "the name in a push")
+        with run_prometheus(tmp_path, [f"127.0.0.1:{agent.agent.prometheus_port}"]) as prometheus:
+            # PromQL refuses U+FFFD in a literal (it reads it as a bad rune): matched by a pattern
+            query = 'numa_container_memory_usage_bytes{k8s_container_name=~"c.bad"}'
+            stored = wait_for(lambda: prometheus.series(query), 30, "Prometheus to store the series")
+            assert {dict(labels)["k8s_container_name"] for labels in stored} == {"c\ufffdbad"}
+            assert prometheus.targets_up()
         agent.still_serving()
         agent.stop()
 
@@ -255,6 +262,13 @@ def test_a_read_that_hangs_for_60s_holds_nothing(node: LargeNode, tmp_path: Path
         assert len(capacity) == SPEC.numa_nodes
         marker.touch()
         wait_for(lambda: agent.errors("sysfs").get("timeout", 0) == 1, 20, "the stuck read to be counted")
+        # a real scraper with a 1 s timeout keeps the target up and stores the last good data
+        with run_prometheus(tmp_path, [f"127.0.0.1:{agent.agent.prometheus_port}"]) as prometheus:
+            query = "numa_memory_capacity_bytes"
+            wait_for(lambda: len(prometheus.series(query)) == SPEC.numa_nodes, 30, "Prometheus to scrape")
+            time.sleep(3)
+            (target,) = prometheus.targets()
+            assert target["health"] == "up", target["lastError"]
         page = agent.scrape()
         assert series(page, "numa_memory_capacity_bytes") == capacity, "the last good data is served"
         ages = series(page, "numa_agent_source_age_seconds")
