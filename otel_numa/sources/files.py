@@ -65,7 +65,7 @@ def naming(path: str | Path, on_error: ErrorSink | None) -> ErrorSink | None:
     return lambda error: sink(type(error)(f"{path}: {error}", error_type=error.error_type))
 
 
-def read_bytes(path: str | Path, *, limit: int) -> bytes:
+def read_bytes(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
     """The bytes of the regular file ``path``, with os-level calls (files read every round stay cheap).
 
     Never blocks on a FIFO or device, never follows ``path`` itself when it is a symbolic link, and reads at

@@ -22,7 +22,7 @@ if _SETTING:
     _delay_s = float(_seconds)
     _read_bytes = files.read_bytes
 
-    def _slow_read_bytes(path: str | Path, *, limit: int) -> bytes:
+    def _slow_read_bytes(path: str | Path, *, limit: int = files.SYSFS_FILE_BYTES) -> bytes:
         if os.fspath(path) == _slow_path and os.path.exists(_marker):
             time.sleep(_delay_s)
         return _read_bytes(path, limit=limit)
