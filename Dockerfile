@@ -1,8 +1,11 @@
 # syntax=docker/dockerfile:1
 # otel-numa node agent image.
 #
-# Build:  docker build -t otel-numa:dev .
+# Build:  bash scripts/build-image.sh            (Docker or podman; prints the helm install line)
+#         docker build -t otel-numa:dev .
 #         podman build --format docker -t otel-numa:dev .   (docker format: OCI drops the HEALTHCHECK)
+# Behind a proxy with its own CA, give pip that CA as the build secret "ca-bundle" (never a layer):
+#         docker build --secret id=ca-bundle,src=/path/to/ca-bundle.pem -t otel-numa:dev .
 # BASE_IMAGE may name any Debian-like image with `python` (3.11 or newer) and pip on the PATH, e.g. one
 # made locally with debootstrap (see scripts/setup.d/podman.sh): --build-arg BASE_IMAGE=...
 # The builder stage turns the project and every dependency into wheels; the final stage installs
@@ -19,7 +22,10 @@ WORKDIR /src
 # pyproject.toml names README.md as the long description, so the build needs it.
 COPY pyproject.toml README.md ./
 COPY otel_numa/ otel_numa/
-RUN pip wheel --wheel-dir /wheels .
+# The optional secret "ca-bundle" is a PEM bundle pip trusts instead of its own (a TLS-intercepting proxy).
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && pip wheel --wheel-dir /wheels .
 
 
 FROM ${BASE_IMAGE}

@@ -44,10 +44,10 @@ from benchmarks.harness import (
     scrape_table,
     verdict,
 )
-from otel_numa.agent import Agent
-from otel_numa.heap import release_free_memory, tidy_after_round
+from otel_numa.cli.settings import OtlpProtocol, Settings
+from otel_numa.daemon.agent import Agent
+from otel_numa.daemon.heap import release_free_memory, tidy_after_round
 from otel_numa.pipeline import build_pipeline
-from otel_numa.settings import OtlpProtocol, Settings
 from otel_numa.testing.large_node import LargeNode, large_node_at, write_large_node
 from otel_numa.testing.peers import REPO, run_rotel
 

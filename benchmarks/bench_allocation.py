@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from otel_numa.accounting import compute_allocation  # noqa: E402
+from otel_numa.accounting.allocation import compute_allocation  # noqa: E402
 from otel_numa.model import DeviceEntry, KubeletState, MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
 from otel_numa.pipeline import build_pipeline  # noqa: E402
 from otel_numa.sources.checkpoints import (  # noqa: E402

@@ -33,13 +33,13 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from benchmarks.harness import count_series, machine_details, median, percentile
-from otel_numa.agent import Agent
-from otel_numa.catalogue import MetricGroup
-from otel_numa.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.cli.settings import Settings
+from otel_numa.daemon.agent import Agent
+from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.model import Allocation
 from otel_numa.pipeline import build_pipeline
-from otel_numa.settings import Settings
-from otel_numa.source_status import SourceRegistry
+from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.cgroups import PAGE_SIZE
 from otel_numa.testing.cgroup_tree import V2_TYPES, render_numa_stat_v2
 from otel_numa.testing.large_node import LargeNode, LargeNodeSpec, write_large_node

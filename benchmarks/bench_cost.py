@@ -11,7 +11,7 @@ same sysfs/procfs, and the two are scraped alternately.
 
     .venv/bin/python -m benchmarks.bench_cost [--quick] [--trees hwloc,2x32,8x48] [--agent-tree DIR]
 
-Tables go to stdout and to ``benchmarks/out/cost.md`` (raw figures: ``cost.json``). The method is in
+Tables go to stdout and to ``benchmarks/out/<name>.md`` (raw figures: ``<name>.json``). The method is in
 benchmarks/README.md.
 """
 
@@ -651,12 +651,23 @@ def tree_table(result: TreeResult) -> str:
     return "\n".join([f"#### {result.title}", "", *header, *rows, "", fresh_note])
 
 
+# label, value, its format, whether it meets the target
+SummaryRow = tuple[str, float | None, str, bool | None]
+
+
 def summary_table(results: dict[str, TreeResult]) -> str:
     lines = ["| target | today | met |", "|---|---:|---|"]
-
-    def add(label: str, value: float | None, form: str, met: bool | None) -> None:
+    for label, value, form, met in summary_rows(results):
         shown = form.format(value) if value is not None else "not measured"
         lines.append(f"| {label} | {shown} | {verdict(met) if met is not None else 'n/a'} |")
+    return "\n".join(lines)
+
+
+def summary_rows(results: dict[str, TreeResult]) -> list[SummaryRow]:
+    rows: list[SummaryRow] = []
+
+    def add(label: str, value: float | None, form: str, met: bool | None) -> None:
+        rows.append((label, value, form, met))
 
     for key, name in (
         ("hwloc", "machine only (hwloc 48 CPUs)"),
@@ -721,7 +732,7 @@ def summary_table(results: dict[str, TreeResult]) -> str:
         )
         rss = max(large.plain[0].rss_mb, large.fresh.rss_mb["otel-numa"])
         add(f"8x48: RSS < {RSS_LARGE_TARGET_MB:g} MB", rss, "{:.1f} MB", rss < RSS_LARGE_TARGET_MB)
-    return "\n".join(lines)
+    return rows
 
 
 def exporter_memory_per_series(results: dict[str, TreeResult]) -> str:
@@ -751,6 +762,7 @@ def main() -> None:
         type=Path,
         help="run the agent from this source tree (e.g. an export of another commit)",
     )
+    parser.add_argument("--name", default="", help="the tables' file name in --out (default: cost)")
     options = parser.parse_args()
     budget = QUICK if options.quick else FULL
     agent_tree = options.agent_tree.resolve() if options.agent_tree else None
@@ -779,10 +791,13 @@ def main() -> None:
     print(summary, extra, closing, sep="\n\n")
     sections += ["#### Targets", "", summary, "", extra, "", closing]
     options.out.mkdir(parents=True, exist_ok=True)
-    name = "cost-quick" if options.quick else "cost"
+    name = options.name or ("cost-quick" if options.quick else "cost")
     (options.out / f"{name}.md").write_text("\n".join(sections) + "\n")
     raw: dict[str, Any] = {key: dataclasses.asdict(result) for key, result in results.items()}
-    (options.out / f"{name}.json").write_text(json.dumps({"label": label, "results": raw}, indent=2))
+    summary_data = summary_rows(results)
+    (options.out / f"{name}.json").write_text(
+        json.dumps({"label": label, "results": raw, "summary": summary_data}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from benchmarks.bench_cost import NODE_2X32
-from otel_numa.agent import Agent
+from otel_numa.cli.settings import Settings
+from otel_numa.daemon.agent import Agent
 from otel_numa.pipeline import build_pipeline
-from otel_numa.settings import Settings
 from otel_numa.testing.large_node import write_large_node
 
 SWITCHES = {

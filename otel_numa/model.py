@@ -221,12 +221,53 @@ class HugepagePool:
 
 
 @dataclass(frozen=True, slots=True)
+class PciFunction:
+    """One PCI function of ``bus/pci/devices`` (bridges included; the count leaves them out)."""
+
+    address: str  # domain:bus:device.function, e.g. 0000:3b:00.0
+    numa_node: int  # by the PCI rule: numa_node, else the one node holding its local CPUs, else -1
+    base_class: int  # the top byte of ``class``
+    virtual: bool  # an SR-IOV virtual function (it has a ``physfn`` link)
+
+
+PciCountKey = tuple[int, str, str]  # (numa id, pci.device.class, pci.function.kind)
+
+
+@dataclass(frozen=True, slots=True)
+class PciDevices:
+    """The machine's PCI functions, read with the topology; empty when the PCI part is not read."""
+
+    functions: Mapping[str, PciFunction] = field(default_factory=dict)  # by address
+    counts: Mapping[PciCountKey, int] = field(default_factory=dict)  # bridges left out
+
+    def numa_of(self, address: str) -> int | None:
+        """The NUMA node of the function at ``address``; None when there is no such function."""
+        found = self.functions.get(address)
+        return None if found is None else found.numa_node
+
+
+NO_PCI = PciDevices()
+
+
+@dataclass(frozen=True, slots=True)
 class MachineUsage:
     topology: Topology
     memory: Mapping[int, NodeMemory]
     hugepages: Mapping[int, tuple[HugepagePool, ...]]
     numastat: Mapping[int, Mapping[str, int]]
     cpu_time: Mapping[int, Mapping[str, float]]  # numa id -> cpu.mode -> seconds
+    pci: PciDevices = NO_PCI
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """What the agent's own process costs, read once per collection."""
+
+    cpu_user_s: float
+    cpu_system_s: float
+    resident_bytes: int
+    open_file_descriptors: int
+    threads: int
 
 
 # The kubelet's checkpoints ------------------------------------------------------------------------
@@ -336,11 +377,53 @@ class ContainerMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device a DRA driver allocated for a ResourceClaim (podresources ``ClaimResource``, or a device
+    of the ``dra_manager_state`` checkpoint)."""
+
+    driver: str  # numa.resource.name, e.g. gpu.nvidia.com
+    pool: str
+    device: str
+    cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names: vendor/class=name
+    share_id: str | None = None  # a shared (consumable capacity) allocation
+
+    @property
+    def key(self) -> DraDeviceKey:
+        return (self.driver, self.pool, self.device)
+
+
+DraDeviceKey = tuple[str, str, str]  # (driver, pool, device): one physical device
+
+
+@dataclass(frozen=True, slots=True)
+class DraClaim:
+    """A ResourceClaim's devices; ``pod_uids`` only from the checkpoint (podresources names containers)."""
+
+    name: str
+    namespace: str
+    devices: tuple[DraDevice, ...]
+    uid: str = ""
+    pod_uids: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class DraManagerState:
+    """A verified DRA manager checkpoint: the prepared resource claims."""
+
+    claims: tuple[DraClaim, ...]
+
+    @property
+    def claim_count(self) -> int:
+        return len(self.claims)
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     cpu_ids: frozenset[int]  # exclusive CPUs only; empty for containers in the shared pool
     devices: tuple[ContainerDevices, ...]
     memory: tuple[ContainerMemory, ...]
+    dynamic_resources: tuple[DraClaim, ...] = ()  # DRA claims the container uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +431,9 @@ class PodResources:
     name: str
     namespace: str
     containers: tuple[ContainerResources, ...]
+    # pod-level exclusive resources (pod-level resource managers); the containers' lie inside them
+    cpu_ids: frozenset[int] = frozenset()
+    memory: tuple[ContainerMemory, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,13 +474,19 @@ class KubeletState:
     cpu: CpuManagerState | None = None
     memory: MemoryManagerState | None = None
     devices: DeviceManagerState | None = None
+    dra: DraManagerState | None = None
+    # NUMA node of each DRA device that node-local facts place (PCI address, CDI device nodes); others -1
+    dra_numa: Mapping[DraDeviceKey, int] = field(default_factory=dict)
+    # DRA devices whose placement cannot be told this round (their CDI spec is missing or rejected)
+    dra_unknown: frozenset[DraDeviceKey] = frozenset()
     # UIDs of pods that exist (podresources' answer, else <kubelet-root>/pods/); None: unknown, keep all
     live_pods: frozenset[str] | None = None
     pod_names: Mapping[str, tuple[str, str]] = field(default_factory=dict)  # uid -> (namespace, name)
     # podresources' allocatable view; it wins over what the checkpoints and settings imply
     allocatable_cpus: frozenset[int] | None = None
     allocatable_devices: Mapping[DeviceKey, int] | None = None
-    # podresources' answer joined to UIDs (see otel_numa.join); where it disagrees with a checkpoint it wins
+    # podresources' answer joined to UIDs (see otel_numa.accounting.join); where it disagrees with a
+    # checkpoint it wins
     podresources: JoinedPodResources | None = None
 
 
@@ -415,6 +507,28 @@ class ContainerAllocation:
     memory_bytes: Mapping[int, int] = field(default_factory=dict)
     hugepages_bytes: Mapping[HugepageKey, int] = field(default_factory=dict)
     devices: Mapping[DeviceKey, int] = field(default_factory=dict)
+    # NUMA nodes of every NUMA-pinned resource (exclusive CPUs, memory blocks, placed devices); -1 never
+    pinned_nodes: frozenset[int] = frozenset()
+    # True when a device of the container could not be placed this round: its alignment is not known
+    alignment_unknown: bool = False
+
+    @property
+    def aligned(self) -> bool | None:
+        """True on one node, False across several, None with nothing NUMA-pinned or when not known."""
+        if self.alignment_unknown or not self.pinned_nodes:
+            return None
+        return len(self.pinned_nodes) == 1
+
+
+@dataclass(frozen=True, slots=True)
+class PodAllocation:
+    """Pod-level exclusive resources (no container name): CPUs and memory per NUMA node."""
+
+    pod_uid: str
+    pod_name: str | None = None
+    namespace: str | None = None
+    cpus: Mapping[int, int] = field(default_factory=dict)
+    memory_bytes: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +548,7 @@ class Allocation:
     disagreements: frozenset[tuple[str, str]] = frozenset()
     # (pod uid, container) -> enrichment attributes of numa.container.info (opt-in, from the runtime)
     container_info: Mapping[tuple[str, str], Mapping[str, str]] | None = None
+    pods: tuple[PodAllocation, ...] = ()
 
 
 # Containers' usage --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The agent's resolved options: plain typed values, one small object per part of the agent.
 
-``otel_numa.settings`` (pydantic) reads flags, environment and the YAML file and resolves them into an
+``otel_numa.cli.settings`` (pydantic) reads flags, environment and the YAML file and resolves them into an
 :class:`AgentOptions` once, at the edge. Everything below the command line takes these plain values, so a
 collector never sees the whole configuration, and the long-running process can be started from them without
 ever importing pydantic (:func:`to_json` / :func:`from_json` carry them across ``exec``).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time"]
+MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time", "pci"]
 EnrichMode = Literal["info", "attributes"]
 Address = tuple[str, int]
 
@@ -34,6 +34,8 @@ class KubeletOptions:
     pod_logs_root: Path
     reserved_cpus: frozenset[int] | None
     checkpoints: frozenset[str]  # numa.source names of the checkpoints to read
+    place_dra_devices: bool = False  # whether an enabled metric needs DRA devices placed on NUMA nodes
+    cdi_spec_dirs: tuple[Path, ...] = ()  # read to place them
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from otel_numa import __version__
-from otel_numa.heap import freeze_long_lived_objects, release_free_memory
+from otel_numa.daemon.heap import freeze_long_lived_objects, release_free_memory
 from otel_numa.instruments import register_instruments
 from otel_numa.options import AgentOptions, ExportOptions
 from otel_numa.sdk_private import (
@@ -39,7 +39,7 @@ from otel_numa.sdk_private import (
     reuse_otlp_requests,
     speed_up_prometheus_reader,
 )
-from otel_numa.snapshot import SnapshotStore
+from otel_numa.snapshot.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 

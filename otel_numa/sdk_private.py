@@ -1,7 +1,7 @@
 """Every use of the OpenTelemetry SDK's private attributes, in one module owned by the pipeline.
 
 Each use is listed in the README with the reason no public route exists; the SDK is pinned to the minor
-version the tests prove (``~=`` in pyproject.toml), and tests/test_sdk_private.py fails when a shape
+version the tests prove (``~=`` in pyproject.toml), and tests/agent/test_sdk_private.py fails when a shape
 changes.
 
 Forgetting the attribute sets of departed pods, so that pod churn neither leaks nor overflows.
@@ -155,7 +155,7 @@ class DepartedSeriesJanitor:
 # libraries sanitise the same label names again and again; these stand-ins skip the work that cannot
 # change anything for such attributes and remember label names. Each wraps the original function and
 # hands anything else to it; each is installed only when the module attribute it replaces has the
-# expected shape (tests/test_sdk_private.py).
+# expected shape (tests/agent/test_sdk_private.py).
 
 _MEASUREMENT_MODULE = "opentelemetry.sdk.metrics._internal.measurement"
 _MATCH_MODULE = "opentelemetry.sdk.metrics._internal._view_instrument_match"
@@ -1024,7 +1024,7 @@ class _TranslatedMetrics:
             attributes, values = points.attributes, points.values
         else:
             # tuples from lists, made at their length: one from a generator is resized, and a scrape's worth
-            # of them then moves from one of the interpreter's free lists to another (otel_numa.heap)
+            # of them then moves from one of the interpreter's free lists to another (otel_numa.daemon.heap)
             attributes = tuple([point.attributes for point in points])
             values = tuple([getattr(point, "value", None) for point in points])
         key = f"{metric.name}|{metric.description}|{metric.unit}|{type(metric.data).__name__}"

@@ -8,7 +8,7 @@
 #   next to PYTHON, then on PATH; --without-stubs writes only the *_pb2.py and *_pb2_grpc.py modules.
 #
 # The output depends only on the .proto files and the versions of grpcio-tools and mypy-protobuf,
-# so running it twice gives byte-identical files (tests/test_protos.py checks this).
+# so running it twice gives byte-identical files (tests/unit/test_protos.py checks this).
 set -euo pipefail
 
 with_stubs=1

@@ -9,6 +9,16 @@ import pytest
 from otel_numa.testing.fault_sweep import SWEEP_SUMMARY
 from otel_numa.testing.hwloc import extract_snapshot
 
+KINDS = ("unit", "agent", "e2e", "deploy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test carries its folder's kind as a marker: `pytest -m unit`, `-m "not e2e and not deploy"`."""
+    for item in items:
+        kind = item.path.parent.name
+        if kind in KINDS:
+            item.add_marker(kind)
+
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The fault sweep's counts, shown in every run's output (not only with ``-rA``)."""

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 
 from opentelemetry.metrics import Meter
 
-from otel_numa.catalogue import BY_NAME
 from otel_numa.instruments import allocation, compat, container_usage, enrichment, health, machine
 from otel_numa.instruments.base import Instruments, Observe, Part
-from otel_numa.snapshot import Snapshot, SnapshotStore
+from otel_numa.instruments.catalogue import BY_NAME
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 
 def _allocation(snapshot: Snapshot) -> object:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator, Mapping
 from opentelemetry.util.types import AttributeValue
 
 from otel_numa.instruments.base import NUMA_ID, Observe, Point
-from otel_numa.model import Allocation, ContainerAllocation, ContainerRef
-from otel_numa.snapshot import Snapshot
+from otel_numa.model import Allocation, ContainerAllocation, ContainerRef, PodAllocation
+from otel_numa.snapshot.store import Snapshot
 
 HUGEPAGE_SIZE = "k8s.hugepage.size"
 RESOURCE_NAME = "numa.resource.name"
@@ -87,6 +87,33 @@ def _containers(
     return observe
 
 
+def pod_attributes(pod: PodAllocation) -> dict[str, AttributeValue]:
+    """A pod's attributes: no ``k8s.container.name``, so pod-level series never sum with containers'."""
+    attributes: dict[str, AttributeValue] = {"k8s.pod.uid": pod.pod_uid}
+    if pod.pod_name is not None:
+        attributes["k8s.pod.name"] = pod.pod_name
+    if pod.namespace is not None:
+        attributes["k8s.namespace.name"] = pod.namespace
+    return attributes
+
+
+def _pods(pick: Callable[[PodAllocation], Mapping[int, int]]) -> Callable[[Snapshot], Iterator[Point]]:
+    def observe(snapshot: Snapshot) -> Iterator[Point]:
+        for pod in snapshot.allocation.pods:
+            base = pod_attributes(pod)
+            for numa_id, value in sorted(pick(pod).items()):
+                yield value, {**base, NUMA_ID: numa_id}
+
+    return observe
+
+
+def _aligned(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.allocation.containers:
+        aligned = container.aligned
+        if aligned is not None:
+            yield int(aligned), container_attributes(container.container)
+
+
 OBSERVERS: dict[str, Observe] = {
     "numa.cpu.allocatable": _per_numa(_cpu_allocatable),
     "numa.cpu.allocated": _per_numa(_cpu_allocated),
@@ -102,4 +129,7 @@ OBSERVERS: dict[str, Observe] = {
         lambda c: _keyed_points(c.hugepages_bytes, HUGEPAGE_SIZE)
     ),
     "numa.container.device.allocated": _containers(lambda c: _keyed_points(c.devices, RESOURCE_NAME)),
+    "numa.pod.cpu.allocated": _pods(lambda p: p.cpus),
+    "numa.pod.memory.allocated": _pods(lambda p: p.memory_bytes),
+    "numa.container.aligned": _aligned,
 }

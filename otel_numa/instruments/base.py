@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.util.types import Attributes
 
-from otel_numa.catalogue import NUMA_ID, MetricSpec
+from otel_numa.instruments.catalogue import NUMA_ID, MetricSpec
 from otel_numa.sdk_private import Observations
 from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
-from otel_numa.snapshot import Snapshot, SnapshotStore
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 Point = tuple[float | int, Attributes]
 Observe = Callable[[Snapshot], Iterable[Point]]

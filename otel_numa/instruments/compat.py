@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from otel_numa import __version__
 from otel_numa.instruments.base import Observe, Point
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 
 def observers(node_name: str) -> dict[str, Observe]:

@@ -10,7 +10,7 @@ from opentelemetry.util.types import AttributeValue
 from otel_numa.instruments.allocation import container_attributes
 from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import ContainerUsage
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 MEMORY_TYPE = "numa.memory.type"
 CPU_NODE_IDS = "numa.cpu.node.ids"

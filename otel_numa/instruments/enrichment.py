@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from otel_numa.instruments.base import Observe, Point
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 
 def _info(snapshot: Snapshot) -> Iterator[Point]:

@@ -1,11 +1,12 @@
-"""The agent's own health: source errors, data age and read durations, build stages, series forgetting."""
+"""The agent's own health: source errors, data age and read durations, build stages, series forgetting,
+and what its process costs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from otel_numa.instruments.base import Observe, Point
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 SOURCE = "numa.source"
 STAGE = "numa.stage"
@@ -50,6 +51,27 @@ def _forgetting(snapshot: Snapshot) -> Iterator[Point]:
         yield int(snapshot.series_forgetting), {}
 
 
+def _process_cpu(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.process is not None:
+        yield snapshot.process.cpu_user_s, {"cpu.mode": "user"}
+        yield snapshot.process.cpu_system_s, {"cpu.mode": "system"}
+
+
+def _process_memory(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.process is not None:
+        yield snapshot.process.resident_bytes, {}
+
+
+def _process_fds(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.process is not None:
+        yield snapshot.process.open_file_descriptors, {}
+
+
+def _process_threads(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.process is not None:
+        yield snapshot.process.threads, {}
+
+
 OBSERVERS: dict[str, Observe] = {
     "numa.agent.source.errors": _errors,
     "numa.agent.source.age": _ages,
@@ -58,4 +80,8 @@ OBSERVERS: dict[str, Observe] = {
     "numa.agent.stage.duration": _stage_durations,
     "numa.agent.stage.success": _stage_success,
     "numa.agent.series.forgetting": _forgetting,
+    "process.cpu.time": _process_cpu,
+    "process.memory.usage": _process_memory,
+    "process.open_file_descriptor.count": _process_fds,
+    "process.thread.count": _process_threads,
 }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from otel_numa.accounting import hugepage_size_label
+from otel_numa.accounting.allocation import hugepage_size_label
 from otel_numa.instruments.base import NUMA_ID, Observe, Part, Point
-from otel_numa.snapshot import Snapshot
+from otel_numa.snapshot.store import Snapshot
 
 KIB = 1024
 
@@ -86,6 +86,12 @@ def _numastat(snapshot: Snapshot) -> Iterator[Point]:
                     yield counters[kind], {NUMA_ID: node_id, "numa.numastat.type": kind}
 
 
+def _pci_count(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.machine is not None:
+        for (node_id, device_class, kind), count in sorted(snapshot.machine.pci.counts.items()):
+            yield count, {NUMA_ID: node_id, "pci.device.class": device_class, "pci.function.kind": kind}
+
+
 def _part(name: str) -> Part:
     """The machine's ``name`` piece of a snapshot (None before sysfs was read once)."""
     return lambda snapshot: snapshot.machine and getattr(snapshot.machine, name)
@@ -103,4 +109,5 @@ OBSERVERS: dict[str, tuple[Observe, Part]] = {
     "numa.memory.usage": (_memory_usage, _part("memory")),
     "numa.hugepages.free": (_hp_free, _part("hugepages")),
     "numa.memory.page.allocations": (_numastat, _part("numastat")),
+    "numa.pci.device.count": (_pci_count, _part("pci")),
 }

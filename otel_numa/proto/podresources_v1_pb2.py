@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%otel_numa/proto/podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"\x7f\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\x32\xb9\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%otel_numa/proto/podresources_v1.proto\x12\x02v1\"\x1d\n\x1b\x41llocatableResourcesRequest\"{\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x02 \x03(\x03\x12#\n\x06memory\x18\x03 \x03(\x0b\x32\x13.v1.ContainerMemory\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"\x91\x01\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\x12\x0f\n\x07\x63pu_ids\x18\x04 \x03(\x03\x12#\n\x06memory\x18\x05 \x03(\x0b\x32\x13.v1.ContainerMemory\"\xaf\x01\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12\x0f\n\x07\x63pu_ids\x18\x03 \x03(\x03\x12#\n\x06memory\x18\x04 \x03(\x0b\x32\x13.v1.ContainerMemory\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"X\n\x0f\x43ontainerMemory\x12\x13\n\x0bmemory_type\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"a\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\x12\"\n\x08topology\x18\x03 \x01(\x0b\x32\x10.v1.TopologyInfo\"+\n\x0cTopologyInfo\x12\x1b\n\x05nodes\x18\x01 \x03(\x0b\x32\x0c.v1.NUMANode\"\x16\n\x08NUMANode\x12\n\n\x02ID\x18\x01 \x01(\x03\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"\x94\x01\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\x12\x15\n\x08share_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_share_id\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,18 +39,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPODRESOURCESREQUEST']._serialized_end=226
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_start=228
   _globals['_LISTPODRESOURCESRESPONSE']._serialized_end=295
-  _globals['_PODRESOURCES']._serialized_start=297
-  _globals['_PODRESOURCES']._serialized_end=388
-  _globals['_CONTAINERRESOURCES']._serialized_start=390
-  _globals['_CONTAINERRESOURCES']._serialized_end=517
-  _globals['_CONTAINERMEMORY']._serialized_start=519
-  _globals['_CONTAINERMEMORY']._serialized_end=607
-  _globals['_CONTAINERDEVICES']._serialized_start=609
-  _globals['_CONTAINERDEVICES']._serialized_end=706
-  _globals['_TOPOLOGYINFO']._serialized_start=708
-  _globals['_TOPOLOGYINFO']._serialized_end=751
-  _globals['_NUMANODE']._serialized_start=753
-  _globals['_NUMANODE']._serialized_end=775
-  _globals['_PODRESOURCESLISTER']._serialized_start=778
-  _globals['_PODRESOURCESLISTER']._serialized_end=963
+  _globals['_PODRESOURCES']._serialized_start=298
+  _globals['_PODRESOURCES']._serialized_end=443
+  _globals['_CONTAINERRESOURCES']._serialized_start=446
+  _globals['_CONTAINERRESOURCES']._serialized_end=621
+  _globals['_CONTAINERMEMORY']._serialized_start=623
+  _globals['_CONTAINERMEMORY']._serialized_end=711
+  _globals['_CONTAINERDEVICES']._serialized_start=713
+  _globals['_CONTAINERDEVICES']._serialized_end=810
+  _globals['_TOPOLOGYINFO']._serialized_start=812
+  _globals['_TOPOLOGYINFO']._serialized_end=855
+  _globals['_NUMANODE']._serialized_start=857
+  _globals['_NUMANODE']._serialized_end=879
+  _globals['_DYNAMICRESOURCE']._serialized_start=881
+  _globals['_DYNAMICRESOURCE']._serialized_end=987
+  _globals['_CLAIMRESOURCE']._serialized_start=990
+  _globals['_CLAIMRESOURCE']._serialized_end=1138
+  _globals['_CDIDEVICE']._serialized_start=1140
+  _globals['_CDIDEVICE']._serialized_end=1165
+  _globals['_GETPODRESOURCESREQUEST']._serialized_start=1167
+  _globals['_GETPODRESOURCESREQUEST']._serialized_end=1232
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=1234
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=1300
+  _globals['_PODRESOURCESLISTER']._serialized_start=1303
+  _globals['_PODRESOURCESLISTER']._serialized_end=1554
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,6 @@ fallback when a runtime gives no runtime spec.
 from __future__ import annotations
 
 import json
-import re
 import stat
 import threading
 import time
@@ -33,6 +32,7 @@ from otel_numa.proto import cri_runtime_v1_pb2 as pb
 from otel_numa.proto import cri_runtime_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceUnavailable
 from otel_numa.sources.podresources import DEFAULT_MAX_MESSAGE_BYTES, UnixSocketChannel, rpc_failure
+from otel_numa.sources.secret_names import is_secret_like as is_secret_like  # re-exported
 
 CRI_SOCKET_CANDIDATES = (
     "/run/containerd/containerd.sock",
@@ -46,14 +46,7 @@ KUBELET_SANDBOX_LABELS = frozenset(
     {"io.kubernetes.pod.name", "io.kubernetes.pod.namespace", "io.kubernetes.pod.uid"}
 )
 
-_SECRET_LIKE = re.compile(r"PASSWORD|SECRET|TOKEN|KEY|CREDENTIAL|PASS", re.IGNORECASE)
-
 _Response = TypeVar("_Response")
-
-
-def is_secret_like(name: str) -> bool:
-    """True for environment variable names that may hold a secret; their values are never read out."""
-    return _SECRET_LIKE.search(name) is not None
 
 
 def detect_cri_socket(candidates: Sequence[Path]) -> Path | None:

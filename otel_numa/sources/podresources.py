@@ -23,6 +23,8 @@ from otel_numa.model import (
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
+    DraClaim,
+    DraDevice,
     PodResources,
     shared_name,
     shared_set,
@@ -196,6 +198,27 @@ def _memory(block: pb.ContainerMemory) -> ContainerMemory:
     return ContainerMemory(memory_type=block.memory_type, size=block.size, numa_ids=_numa_ids(block.topology))
 
 
+def _claim_device(resource: pb.ClaimResource) -> DraDevice:
+    return DraDevice(
+        driver=shared_name(resource.driver_name),
+        pool=resource.pool_name,
+        device=resource.device_name,
+        cdi_devices=tuple(cdi.name for cdi in resource.cdi_devices),
+        share_id=resource.share_id if resource.HasField("share_id") else None,
+    )
+
+
+def _claims(dynamic: Iterable[pb.DynamicResource]) -> tuple[DraClaim, ...]:
+    return tuple(
+        DraClaim(
+            name=shared_name(claim.claim_name),
+            namespace=shared_name(claim.claim_namespace),
+            devices=tuple(_claim_device(resource) for resource in claim.claim_resources),
+        )
+        for claim in dynamic
+    )
+
+
 def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerResources, ...]:
     return tuple(
         ContainerResources(
@@ -203,6 +226,7 @@ def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerR
             cpu_ids=shared_set(container.cpu_ids),
             devices=tuple(_devices(device) for device in container.devices),
             memory=tuple(_memory(block) for block in container.memory),
+            dynamic_resources=_claims(container.dynamic_resources),
         )
         for container in containers
     )
@@ -213,4 +237,6 @@ def _pod_resources(pod: pb.PodResources) -> PodResources:
         name=shared_name(pod.name),
         namespace=shared_name(pod.namespace),
         containers=_containers(pod.containers),
+        cpu_ids=shared_set(pod.cpu_ids),
+        memory=tuple(_memory(block) for block in pod.memory),
     )

@@ -1,7 +1,8 @@
 """Damage one file of a tree in one of five ways, run the agent once through its command line, and compare.
 
-Used by the fault sweep (tests/test_fault_sweep.py). Each damage is undone before the next, so one
-extracted tree serves every variant.
+Used by the fault sweep (tests/agent/test_fault_sweep.py). Each damage is undone before the next, so one
+extracted tree serves every variant. :func:`write_devices_tree` makes a captured machine carry DRA claims,
+so that the PCI functions' files, the DRA checkpoint and a CDI spec can be swept too.
 """
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ import io
 import os
 import shutil
 import sys
+import tarfile
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_numa.cli import main
+from otel_numa.cli.main import main
+from otel_numa.model import DraClaim, DraDevice
+from otel_numa.testing.device_tree import add_char_device, cdi_spec, write_cdi_spec
+from otel_numa.testing.dra_checkpoint import dra_checkpoint_bytes
 
 Variant = Literal["missing", "empty", "garbage", "truncated", "directory"]
 VARIANTS: tuple[Variant, ...] = ("missing", "empty", "garbage", "truncated", "directory")
@@ -134,3 +140,40 @@ def pick(candidates: Sequence[str], count: int, seed: str) -> list[str]:
     chosen = [candidates[0]]
     rest = sorted(candidates[1:], key=lambda name: zlib.crc32(f"{seed}:{name}".encode()))
     return chosen + rest[: count - 1]
+
+
+@dataclass(frozen=True)
+class DevicesTree:
+    top: Path  # holds sys/, proc/, kubelet/ and cdi/
+    kubelet: Path
+    cdi: Path
+    placed_files: tuple[str, ...]  # the PCI files of the functions the DRA devices sit on
+    state_files: tuple[str, ...]  # the DRA checkpoint and the CDI spec
+
+
+def write_devices_tree(base: Path, machine_tarball: Path) -> DevicesTree:
+    """A captured machine with a GPU at ``0000:00:06.0`` and a NIC at ``0000:00:03.0`` (the H200 guest),
+    given DRA claims in the kubelet's ``dra_manager_state``: the GPU placed by the PCI address in its name,
+    the NIC through its CDI spec's character device (an RDMA ``uverbs`` node under the NIC in sysfs)."""
+    with tarfile.open(machine_tarball) as archive:
+        archive.extractall(base, filter="data")
+        top = base / archive.getnames()[0].split("/")[0]
+    add_char_device(top / "sys", "0000:00:03.0", 231, 64, "uverbs0")
+    cdi = top / "cdi"
+    nodes = [{"path": "/dev/infiniband/uverbs0", "type": "c", "major": 231, "minor": 64}]
+    write_cdi_spec(cdi, "example.com-nic.json", cdi_spec("example.com/nic", {"nic-0": nodes}))
+    kubelet = top / "kubelet"
+    kubelet.mkdir()
+    gpu = DraDevice("gpu.nvidia.com", "vm", "gpu-0000-00-06-0")
+    nic = DraDevice("net.example.com", "vm", "nic-0", ("example.com/nic=nic-0",))
+    claims = [
+        DraClaim("gpu", "ml", (gpu,), "c1", frozenset({"p1"})),
+        DraClaim("nic", "ml", (nic,), "c2", frozenset({"p2"})),
+    ]
+    (kubelet / "dra_manager_state").write_bytes(dra_checkpoint_bytes(claims))
+    placed = tuple(
+        f"sys/bus/pci/devices/{address}/{name}"
+        for address in ("0000:00:06.0", "0000:00:03.0")
+        for name in ("class", "numa_node", "local_cpulist")
+    )
+    return DevicesTree(top, kubelet, cdi, placed, ("kubelet/dra_manager_state", "cdi/example.com-nic.json"))

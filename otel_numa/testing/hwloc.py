@@ -156,3 +156,50 @@ def parse_lstopo_xml(text: str) -> HwlocTopology:
 
 def hwloc_topology(fsroot: Path) -> HwlocTopology:
     return parse_lstopo_xml(run_lstopo(fsroot))
+
+
+def lstopo_pci_counts(fsroot: Path | None) -> dict[tuple[int, int], int]:
+    """(NUMA id, PCI base class) -> PCI functions, by hwloc's I/O locality, for the tree under ``fsroot``
+    (``None``: this machine). A function is on the one NUMA node whose cpuset holds the cpuset of its
+    nearest CPU-side ancestor, else on -1. Bridges (hwloc ``Bridge`` objects, and host bridges of class
+    0x06) are left out."""
+    command = [lstopo_path(), "--whole-io", "--of", "xml", "-"]
+    if fsroot is not None:
+        command[1:1] = ["-i", str(fsroot), "--if", "fsroot", "--disallowed"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HWLOC_")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"lstopo failed ({done.returncode}): {done.stderr.strip()}")
+    root = ET.fromstring(done.stdout)
+    parents = {child: parent for parent in root.iter() for child in parent}
+    numa_nodes = [
+        (int(o.get("os_index", "-1")), _hwloc_set(o.get("cpuset")))
+        for o in root.iter("object")
+        if o.get("type") == "NUMANode"
+    ]
+    io_types = {"Bridge", "PCIDev", "OSDev"}
+    counts: dict[tuple[int, int], int] = {}
+    for element in root.iter("object"):
+        if element.get("type") != "PCIDev":
+            continue
+        base_class = int((element.get("pci_type") or "ffff")[:2], 16)
+        if base_class == 0x06:  # a host bridge is a PCIDev for hwloc; bridges are not counted
+            continue
+        ancestor = parents[element]
+        while ancestor.get("type") in io_types:
+            ancestor = parents[ancestor]
+        cpus = _hwloc_set(ancestor.get("cpuset"))
+        holders = [os_index for os_index, node_cpus in numa_nodes if cpus and cpus & ~node_cpus == 0]
+        numa = holders[0] if len(holders) == 1 else -1
+        counts[(numa, base_class)] = counts.get((numa, base_class), 0) + 1
+    return counts
+
+
+def _hwloc_set(text: str | None) -> int:
+    """An hwloc bitmap as XML writes it (``0x0000000f,0xffffffff``: 32-bit words, highest first)."""
+    if not text:
+        return 0
+    value = 0
+    for word in text.split(","):
+        value = (value << 32) | (int(word, 16) if word.strip() else 0)
+    return value

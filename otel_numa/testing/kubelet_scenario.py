@@ -21,8 +21,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_numa.agent import Agent
-from otel_numa.settings import Settings
+from otel_numa.cli.settings import Settings
+from otel_numa.daemon.agent import Agent
 from otel_numa.testing.peers import agent_command
 from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
 

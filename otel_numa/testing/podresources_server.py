@@ -1,6 +1,6 @@
 """A stand-in kubelet podresources server (v1) on a unix socket, written from the published API.
 
-It serves ``/v1.PodResourcesLister/List`` and ``/v1.PodResourcesLister/GetAllocatableResources``
+It serves ``/v1.PodResourcesLister/List``, ``Get`` and ``GetAllocatableResources``
 from :class:`PodResourcesState`, which a test may change at any time. ``delay_s`` makes every
 call wait first (a slow kubelet), ``allocatable_unimplemented`` makes GetAllocatableResources answer
 UNIMPLEMENTED (kubelets before the method existed).
@@ -63,6 +63,18 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
     def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
         self._server.begin_call("List", context, self._server.state.delay_s)
         return pb.ListPodResourcesResponse(pod_resources=self._server.state.pods)
+
+    def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
+        """One pod by name and namespace; NOT_FOUND when the kubelet runs no such pod (as it answers)."""
+        self._server.begin_call("Get", context, self._server.state.delay_s)
+        for pod in self._server.state.pods:
+            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
+                return pb.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(
+            grpc.StatusCode.NOT_FOUND,
+            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+        )
+        raise AssertionError("unreachable")
 
     def GetAllocatableResources(
         self, request: pb.AllocatableResourcesRequest, context: Any

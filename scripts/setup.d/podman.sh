@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tools for the container image test (tests/test_image.py): Debian's podman with runc, debootstrap,
+# Tools for the container image test (tests/deploy/test_image.py): Debian's podman with runc, debootstrap,
 # qemu-user-static, and Python base images (native, and arm64 under emulation) made locally with
 # debootstrap, as no registry is reachable here. The test's podman state lives apart from the machine's
 # own, in $PODMAN_HOME, with its own configuration files:

@@ -6,8 +6,8 @@ import threading
 import time
 
 from otel_numa.model import Allocation
-from otel_numa.snapshot import Snapshot, SnapshotStore
-from otel_numa.source_status import SourceReport
+from otel_numa.snapshot.source_status import SourceReport
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 
 def test_a_hanging_build_serves_the_last_snapshot_aged_to_now() -> None:

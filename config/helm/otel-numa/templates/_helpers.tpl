@@ -34,6 +34,9 @@
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "otel-numa.selectorLabels" -}}
@@ -48,6 +51,9 @@ app.kubernetes.io/name: {{ include "otel-numa.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: agent
 app.kubernetes.io/part-of: otel-numa
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "otel-numa.labels" -}}
@@ -64,6 +70,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ include "otel-numa.gatewaySelectorLabels" . }}
 app.kubernetes.io/component: gateway
 app.kubernetes.io/part-of: otel-numa
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "otel-numa.gatewayLabels" -}}
@@ -71,8 +80,18 @@ app.kubernetes.io/part-of: otel-numa
 {{ include "otel-numa.chartLabels" . }}
 {{- end }}
 
+{{/* [registry/]repository:tag or @digest; refused until the operator names an image. */}}
 {{- define "otel-numa.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- if not .Values.image.repository }}
+{{- fail "image.repository is not set, and no public registry publishes an otel-numa image. Build and push one: `bash scripts/build-image.sh --tag REGISTRY/otel-numa:TAG --push`, then install with --set image.repository=REGISTRY/otel-numa --set image.tag=TAG" }}
+{{- end }}
+{{- $name := .Values.image.repository }}
+{{- with .Values.image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $name .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The Prometheus page is served over HTTPS: by the agent (tls.enabled) or by the RBAC proxy. */}}

@@ -1,0 +1,1 @@
+"""Pure functions from the sources' values to per-NUMA and per-container quantities."""

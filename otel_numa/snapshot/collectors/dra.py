@@ -1,0 +1,136 @@
+"""Where DRA-allocated devices sit: a NUMA node for each (driver, pool, device), from node-local facts.
+
+CDI spec directories are listed and parsed again only when one's stat signature changes (files are
+written by rename, which changes the directory); placements are worked out again only when the CDI
+devices, the PCI functions or the set of allocated devices change. A node with no PCI or DRA change
+pays one ``stat`` per CDI directory per round, like a checkpoint's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from otel_numa.accounting.allocation import device_numa
+from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciDevices, Topology
+from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.sources.cdi import CdiDeviceNode, read_cdi_specs
+from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.files import StatSignature
+from otel_numa.sources.pci import function_numa
+
+RACY_LISTING_NS = 1_000_000_000
+CdiDevices = Mapping[str, tuple[CdiDeviceNode, ...]]
+Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA node per device, unknown)
+
+
+def dra_devices(state: KubeletState) -> tuple[DraDevice, ...]:
+    """Every DRA device the kubelet state names, in podresources' claims and in the checkpoint's."""
+    found: dict[DraDeviceKey, DraDevice] = {}
+    if state.podresources is not None:
+        for pod in state.podresources.all_pods:
+            for container in pod.containers:
+                for claim in container.dynamic_resources:
+                    found.update((device.key, device) for device in claim.devices)
+    if state.dra is not None:
+        for claim in state.dra.claims:
+            for device in claim.devices:
+                found.setdefault(device.key, device)
+    return tuple(found[key] for key in sorted(found))
+
+
+class DraPlacer:
+    def __init__(
+        self, cdi_dirs: Iterable[Path], sysfs_root: Path, procfs_root: Path, registry: SourceRegistry
+    ) -> None:
+        self._dirs = tuple(cdi_dirs)
+        self._sysfs_root = sysfs_root
+        self._procfs_root = procfs_root
+        self._tracker = registry.tracker("cdi")
+        self._signature: tuple[StatSignature | None, ...] | None = None
+        self._cdi: CdiDevices = {}
+        self._cdi_complete = True
+        self._inputs: tuple[object, ...] | None = None
+        self._placed: Placement = ({}, frozenset())
+
+    def _read_cdi(self, errors: list[SourceError]) -> CdiDevices:
+        signature = tuple(StatSignature.of(directory) for directory in self._dirs)
+        if signature == self._signature and self._cdi_complete:
+            return self._cdi
+        spec_errors: list[SourceError] = []
+        devices = read_cdi_specs(self._dirs, on_error=spec_errors.append)
+        errors.extend(spec_errors)
+        # a listing taken in the directory's own timestamp tick may miss a file written in the same tick
+        now = time.time_ns()
+        racy = any(sig is not None and now - sig.mtime_ns < RACY_LISTING_NS for sig in signature)
+        self._signature = None if racy else signature
+        self._cdi_complete = not spec_errors  # a rejected spec is read again next round
+        self._cdi = self._cdi if devices == self._cdi else devices
+        return self._cdi
+
+    def place(self, state: KubeletState, pci: PciDevices, topology: Topology) -> Placement:
+        """NUMA node per DRA device of ``state``, and the devices that cannot be placed this round (a CDI
+        device no spec defines); the same objects while nothing changed."""
+        devices = dra_devices(state)
+        errors: list[SourceError] = []
+        with self._tracker.timed():
+            cdi = self._read_cdi(errors)  # one stat per directory while nothing changed
+            inputs = (devices, cdi, pci, topology)
+            if self._inputs is None or not all(
+                a is b or a == b for a, b in zip(inputs, self._inputs, strict=True)
+            ):
+                placed = {device.key: self._numa_of(device, cdi, pci, topology, errors) for device in devices}
+                self._placed = (
+                    {key: numa for key, numa in placed.items() if numa is not None},
+                    frozenset(key for key, numa in placed.items() if numa is None),
+                )
+                self._inputs = inputs
+        for error in errors:
+            self._tracker.failed(error)
+        if not errors:
+            self._tracker.succeeded()
+        return self._placed
+
+    def _numa_of(
+        self,
+        device: DraDevice,
+        cdi: CdiDevices,
+        pci: PciDevices,
+        topology: Topology,
+        errors: list[SourceError],
+    ) -> int | None:
+        """By a PCI address in the device's name, else by its CDI device nodes; else -1. None when a CDI
+        device it names is in no spec (removed, or its spec rejected): its node cannot be told."""
+        # an address in the name counts only if the machine has that function (else it is a coincidence)
+        addresses = [a for a in addresses_in_name(device.device) if self._has_function(a, pci)]
+        if not addresses:
+            if any(name not in cdi for name in device.cdi_devices):
+                return None
+            for name in device.cdi_devices:
+                for node in cdi[name]:
+                    try:
+                        addresses.extend(pci_functions_of(node, self._sysfs_root, self._procfs_root))
+                    except SourceError as error:
+                        errors.append(error)  # this device stays unplaced (-1); counted once per change
+        numa_ids = [self._pci_numa(address, pci, topology) for address in addresses]
+        if any(numa is None for numa in numa_ids):
+            return None
+        return device_numa(numa for numa in numa_ids if numa is not None) if numa_ids else NO_NUMA
+
+    def _has_function(self, address: str, pci: PciDevices) -> bool:
+        return address in pci.functions or (self._sysfs_root / "bus" / "pci" / "devices" / address).exists()
+
+    def _pci_numa(self, address: str, pci: PciDevices, topology: Topology) -> int | None:
+        """The function's node: from the PCI inventory, else read now; None when a file of the function is
+        bad (the machine read counts it) or no rule places it."""
+        known = pci.numa_of(address)
+        if known is not None:
+            return known
+        directory = self._sysfs_root / "bus" / "pci" / "devices" / address
+        if not directory.exists():
+            return NO_NUMA
+        errors: list[SourceError] = []
+        numa = function_numa(str(directory), topology, errors.append)
+        return None if errors else numa

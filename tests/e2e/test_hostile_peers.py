@@ -1,0 +1,280 @@
+"""Hostile clients against the agent as it serves: slow and silent connections on every port, descriptor
+exhaustion, hundreds of concurrent scrapes and connection resets. After each, a normal scraper still gets the
+page and the probes their answer, quickly."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import resource
+import selectors
+import signal
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+
+from otel_numa.endpoints.serving import HEAD_TIMEOUT_S, MAX_CONNECTIONS, MAX_WORKERS
+from otel_numa.testing.certs import Issued, issue, make_ca
+from otel_numa.testing.peers import run_agent, wait_for
+
+pytestmark = pytest.mark.e2e
+
+SNAPSHOT = "16amd64-4n4c-cgroup-distance-merge"
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: agent\r\nAccept-Encoding: gzip\r\n\r\n"
+ATTACKERS = MAX_CONNECTIONS + 16  # more than a port holds: the cap, not only the workers, is tried
+
+
+def machine_args(tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]) -> list[str]:
+    sysfs, procfs = hwloc_root(SNAPSHOT)
+    return [
+        *("--sysfs-root", str(sysfs), "--procfs-root", str(procfs), "--node-name", "hostile"),
+        *("--kubelet-root", str(tmp_path / "no-kubelet"), "--podresources-socket", "none"),
+    ]
+
+
+class Scraper:
+    """A normal client of one port: plain HTTP, or TLS with a client certificate."""
+
+    def __init__(self, port: int, path: str, tls: ssl.SSLContext | None = None) -> None:
+        self.port, self.path, self.tls = port, path, tls
+
+    def get(self, timeout_s: float) -> tuple[int, bytes, float]:
+        """Status, body and seconds taken."""
+        began = time.monotonic()
+        if self.tls is None:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        else:
+            connection = http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=timeout_s, context=self.tls
+            )
+        try:
+            connection.request("GET", self.path)
+            response = connection.getresponse()
+            body = response.read()
+        finally:
+            connection.close()
+        return response.status, body, time.monotonic() - began
+
+    def answers_within(self, seconds: float, probes: int) -> list[float]:
+        """Times of ``probes`` requests one after another; fails unless each got 200 within ``seconds``."""
+        times = []
+        for _ in range(probes):
+            status, _body, took = self.get(timeout_s=seconds)
+            assert status == 200 and took < seconds, (status, took)
+            times.append(took)
+        return times
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+class SlowLoris:
+    """Connections that send a request head one byte at a time, ``interval_s`` apart, never finishing it."""
+
+    def __init__(self, connections: list[socket.socket], interval_s: float = 0.3) -> None:
+        self._connections = connections
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drip, daemon=True)
+
+    def _drip(self) -> None:
+        head = b"GET /metrics HTTP/1.1\r\nHost: agent\r\nX-Slow: " + b"a" * 10_000
+        position = 0
+        while not self._stop.wait(self._interval_s):
+            for connection in self._connections:
+                with contextlib.suppress(OSError):  # the agent closed it: that is the point
+                    connection.send(head[position : position + 1])
+            position += 1
+
+    def __enter__(self) -> SlowLoris:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        for connection in self._connections:
+            connection.close()
+
+
+@contextmanager
+def attacked(port: int, tls: ssl.SSLContext | None = None) -> Iterator[None]:
+    """``ATTACKERS`` silent connections and as many slowloris ones (over TLS when ``tls`` is given)."""
+    silent = [connect(port) for _ in range(ATTACKERS)]
+    slow = [connect(port) for _ in range(ATTACKERS)]
+    if tls is not None:
+        slow = [tls.wrap_socket(connection, server_hostname="127.0.0.1") for connection in slow]
+    try:
+        with SlowLoris(slow):
+            yield
+    finally:
+        for connection in silent:
+            connection.close()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> tuple[Issued, Issued, Issued]:
+    ca = make_ca(tmp_path / "ca")
+    return (
+        ca,
+        issue(ca, tmp_path / "pki", "server"),
+        issue(ca, tmp_path / "pki", "scraper", client=True),
+    )
+
+
+def mtls_args(pki: tuple[Issued, Issued, Issued]) -> tuple[list[str], ssl.SSLContext]:
+    ca, server, client = pki
+    context = ssl.create_default_context(cafile=str(ca.cert_file))
+    context.load_cert_chain(client.cert_file, client.key_file)
+    args = [
+        *("--tls-cert-file", str(server.cert_file), "--tls-key-file", str(server.key_file)),
+        *("--tls-client-ca-file", str(ca.cert_file)),
+    ]
+    return args, context
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain-page", "mtls-page"])
+def test_slow_and_silent_clients_starve_no_port(
+    tmp_path: Path,
+    hwloc_root: Callable[[str], tuple[Path, Path]],
+    pki: tuple[Issued, Issued, Issued],
+    tls: bool,
+) -> None:
+    tls_args, context = mtls_args(pki) if tls else ([], None)
+    with run_agent([*machine_args(tmp_path, hwloc_root), *tls_args], tmp_path) as agent:
+        assert agent.prometheus_port is not None and agent.health_port is not None
+        page = Scraper(agent.prometheus_port, "/metrics", context)
+        health = Scraper(agent.health_port, "/healthz")
+        page.answers_within(5, 1)  # the page is rendered once before the clock matters
+        began = time.monotonic()
+        with attacked(agent.prometheus_port, context), attacked(agent.health_port):
+            assert ATTACKERS * 2 > MAX_WORKERS * 2  # each port's every worker could be held
+            time.sleep(1.2)  # the attackers are settled and have sent a few bytes each
+            page.answers_within(1.0, 6)
+            health.answers_within(1.0, 5)
+            assert time.monotonic() - began < HEAD_TIMEOUT_S  # answered while the attack was still held
+        # the attackers' connections were closed by the agent or by us: the log says so once per kind
+        page.answers_within(1.0, 2)
+        log = agent.log()
+        assert "Traceback" not in log
+        firsts = re.findall(r"(\S+): client connection failed \(([^)]*)\)", log)
+        assert len(firsts) == len(set(firsts)), log  # once per server and kind
+
+
+@contextmanager
+def descriptor_limit(limit: int) -> Iterator[Callable[[], None]]:
+    """Children started inside inherit at most ``limit`` descriptors; call the result to lift it for us."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+    def lift() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    try:
+        yield lift
+    finally:
+        lift()
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def test_running_out_of_descriptors_backs_off_and_recovers(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    args = machine_args(tmp_path, hwloc_root)
+    with ExitStack() as stack:
+        lift = stack.enter_context(descriptor_limit(128))
+        agent = stack.enter_context(run_agent(args, tmp_path))
+        lift()
+        assert agent.prometheus_port is not None and agent.health_port is not None
+        process = psutil.Process(agent.process.pid)
+        assert process.rlimit(psutil.RLIMIT_NOFILE)[0] == 128
+        # more idle connections than the agent has descriptors left, on both ports
+        idle = [connect(port) for port in (agent.prometheus_port, agent.health_port) for _ in range(150)]
+        try:
+            wait_for(lambda: "out of file descriptors" in agent.log(), 10, "the agent to run out")
+            before, began = cpu_seconds(process), time.monotonic()
+            time.sleep(2.0)
+            busy = (cpu_seconds(process) - before) / (time.monotonic() - began)
+            assert busy < 0.25, f"the agent used {busy:.0%} of a core while out of descriptors"
+        finally:
+            for connection in idle:
+                connection.close()
+        page = Scraper(agent.prometheus_port, "/metrics")
+        wait_for(lambda: page.get(timeout_s=2)[0] == 200, 15, "the page to answer again")
+        page.answers_within(1.0, 3)
+        assert agent.log().count("client connection failed (out of file descriptors)") <= 2  # once per port
+
+
+def test_five_hundred_concurrent_scrapes_are_all_answered(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    with run_agent(machine_args(tmp_path, hwloc_root), tmp_path) as agent:
+        assert agent.prometheus_port is not None
+        address = ("127.0.0.1", agent.prometheus_port)
+        answers: dict[socket.socket, bytearray] = {}
+        with selectors.DefaultSelector() as selector:
+            for _ in range(500):  # all connect before any is answered: the listen queue must hold them
+                connection = socket.socket()
+                connection.setblocking(False)
+                connection.connect_ex(address)
+                selector.register(connection, selectors.EVENT_WRITE, connection)
+                answers[connection] = bytearray()
+            deadline = time.monotonic() + 120
+            open_count = len(answers)
+            while open_count and time.monotonic() < deadline:
+                for key, events in selector.select(timeout=1):
+                    connection = key.data
+                    if events & selectors.EVENT_WRITE:
+                        connection.sendall(REQUEST)
+                        selector.modify(connection, selectors.EVENT_READ, connection)
+                        continue
+                    try:
+                        chunk = connection.recv(65536)
+                    except ConnectionError:
+                        chunk = b""
+                    answers[connection] += chunk
+                    if not chunk:
+                        selector.unregister(connection)
+                        connection.close()
+                        open_count -= 1
+        statuses = [bytes(answer[:12]) for answer in answers.values()]
+        assert statuses.count(b"HTTP/1.0 200") == 500, {s: statuses.count(s) for s in set(statuses)}
+
+
+def reset(port: int) -> None:
+    """Connect, send half a request head and close with a reset (SO_LINGER 0) instead of a FIN."""
+    connection = connect(port)
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.sendall(REQUEST[:20])
+    connection.close()
+
+
+def test_connection_resets_are_logged_once_with_a_count(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    with run_agent(machine_args(tmp_path, hwloc_root), tmp_path) as agent:
+        assert agent.prometheus_port is not None
+        for _ in range(400):
+            reset(agent.prometheus_port)
+        Scraper(agent.prometheus_port, "/metrics").answers_within(1.0, 3)
+        assert agent.stop(signal.SIGTERM) == 0
+        log = agent.log()
+    assert "Traceback" not in log
+    assert log.count("client connection failed (connection reset)") == 1
+    more = re.findall(r"metrics-http: (\d+) more client connection failures: connection reset x(\d+)", log)
+    assert more == [("399", "399")], log
+    assert len(log.splitlines()) < 40

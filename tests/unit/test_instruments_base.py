@@ -1,0 +1,90 @@
+"""The instruments' shared callback (otel_numa/instruments/base.py): each series hands the SDK one attribute
+dict for life, whatever its value and wherever it is listed, and numbers OTLP cannot carry are left out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_numa.instruments.base import Instruments, Point
+from otel_numa.instruments.catalogue import METRICS
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
+
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+class RecordingMeter:
+    """Keeps the callbacks an Instruments object registers (the SDK's meter would call them)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callback] = []
+
+    def create_observable_gauge(self, name: str, callbacks: list[Callback], **_kwargs: Any) -> None:
+        self.callbacks.extend(callbacks)
+
+    create_observable_up_down_counter = create_observable_gauge
+    create_observable_counter = create_observable_gauge
+
+
+class NoStore:
+    def current(self) -> Snapshot:
+        return cast(Snapshot, None)
+
+
+def test_each_series_keeps_its_first_attribute_dict_in_place_reordered_and_beside_new_ones() -> None:
+    current: list[Point] = []
+    meter = RecordingMeter()
+    Instruments(cast(Any, meter), cast(SnapshotStore, NoStore())).add(
+        METRICS[0], lambda _snapshot: iter(current)
+    )
+    (callback,) = meter.callbacks
+
+    def observe(*points: tuple[int, str]) -> list[Observation]:
+        current[:] = [(value, {"pod": pod, "numa": 0}) for value, pod in points]  # new dicts every time
+        return list(callback(CallbackOptions()))
+
+    first = observe((1, "a"), (2, "b"))
+    dicts = {str(o.attributes["pod"]): o.attributes for o in first if o.attributes is not None}
+    for points in (
+        ((3, "a"), (4, "b")),  # the same series in place, new values
+        ((5, "b"), (6, "a")),  # another order
+        ((7, "c"), (8, "a"), (9, "b")),  # a new series first
+        ((2**70, "c"), (10, "a"), (11, "b")),  # an int64 overflow: left out
+        ((12, "a"), (13, "b")),
+    ):
+        observed = observe(*points)
+        expected = [(value, pod) for value, pod in points if value < 2**63]
+        assert [(o.value, o.attributes["pod"] if o.attributes else None) for o in observed] == expected
+        for o in observed:
+            assert o.attributes is not None
+            kept = dicts.setdefault(str(o.attributes["pod"]), o.attributes)
+            assert o.attributes is kept
+    assert set(dicts) == {"a", "b", "c"}
+
+
+def test_the_same_series_in_place_keep_last_times_attributes_tuple() -> None:
+    """New values for the same series, in the same order, come as Observations with the very tuple of
+    attribute mappings of last time (one comparison for the SDK path to know the series are the same); a
+    series more or fewer makes a new tuple."""
+    from otel_numa.sdk_private import Observations
+
+    current: list[Point] = []
+    meter = RecordingMeter()
+    Instruments(cast(Any, meter), cast(SnapshotStore, NoStore())).add(
+        METRICS[0], lambda _snapshot: iter(current)
+    )
+    (callback,) = meter.callbacks
+
+    def observe(*points: tuple[int, str]) -> Observations:
+        current[:] = [(value, {"pod": pod, "numa": 0}) for value, pod in points]
+        observed = callback(CallbackOptions())
+        assert type(observed) is Observations
+        return observed
+
+    first = observe((1, "a"), (2, "b"))
+    again = observe((3, "a"), (4, "b"))
+    assert again.attributes is first.attributes and again.values == [3, 4]
+    more = observe((5, "a"), (6, "b"), (7, "c"))
+    assert more.attributes is not first.attributes and more.attributes[:2] == first.attributes
