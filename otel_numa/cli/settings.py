@@ -446,6 +446,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("otlp-endpoint", "otlp_endpoint", "URL"),
     Flag("otlp-protocol", "otlp_protocol", "grpc|http/protobuf"),
     Flag("otlp-timeout", "otlp_timeout", "SECONDS"),
+    Flag("stall-timeout", "stall_timeout", "SECONDS"),
     Flag("interval", "interval", "SECONDS"),
     Flag("push-min-interval", "push_min_interval", "SECONDS"),
     Flag("compat", "compat", "numainfo"),
