@@ -31,6 +31,7 @@ from otel_numa.testing.peers import (
     AgentProcess,
     Rotel,
     agent_command,
+    free_port,
     http_get,
     run_agent,
     run_prometheus,
@@ -287,6 +288,36 @@ def test_a_read_that_hangs_for_60s_holds_nothing(node: LargeNode, tmp_path: Path
     status, page, took = once(node, env=env)
     assert status == 0 and took < 20, f"--once took {took:.1f}s"
     assert 'error_type="timeout",numa_source="sysfs"' in page.replace(',k8s_node_name="large-node"', "")
+
+
+def test_sigterm_ends_an_agent_whose_first_read_hangs(node: LargeNode, tmp_path: Path) -> None:
+    """A read that hangs from the start: the agent still serves its health port (not ready, no snapshot
+    yet) and SIGTERM ends it within the chart's 10 s grace period."""
+    marker = tmp_path / "stuck"
+    marker.touch()
+    health = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
+    env |= {
+        "PYTHONPATH": str(SLOW_READ_SITE),
+        "OTEL_NUMA_TEST_SLOW_READ": f"{node0_file(node, 'meminfo')}:60:{marker}",
+    }
+    args = [*node.cli_args(), "--health-address", f"127.0.0.1:{health}", "--prometheus-address", "none"]
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            agent_command(*args), stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO
+        )
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{health}/healthz")[0] == 200, 30, "the health port")
+        assert http_get(f"http://127.0.0.1:{health}/readyz")[0] == 503
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0, log_path.read_text()
+        assert time.monotonic() - started < 10.0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def test_a_slow_background_read_alone_keeps_the_agent_healthy(node: LargeNode, tmp_path: Path) -> None:
