@@ -42,12 +42,37 @@ class Interned(Generic[T]):
 _shared_sets: Interned[frozenset[int]] = Interned(limit=4096)
 
 
+# Longest name kept, in characters: Kubernetes names are at most 253 (a pod's), namespaces and container
+# names 63, UIDs 36, container ids 64. A longer one is cut to this length (docs/decisions-hostile-input.md).
+MAX_NAME_LENGTH = 253
+
+
+def valid_name(text: str) -> str:
+    """``text`` as a valid attribute value: invalid UTF-8 (a file name's undecodable bytes, which Python
+    holds as lone surrogates) replaced by U+FFFD, and cut to :data:`MAX_NAME_LENGTH` characters."""
+    if len(text) > MAX_NAME_LENGTH:
+        text = text[:MAX_NAME_LENGTH]
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            # undecodable file-name bytes come back as those bytes, anything else as one U+FFFD each
+            raw = text.encode("utf-8", "surrogateescape" if _only_escapes(text) else "surrogatepass")
+            text = raw.decode("utf-8", "replace")
+    return text
+
+
+def _only_escapes(text: str) -> bool:
+    return all(not "\ud800" <= char <= "\udfff" or "\udc80" <= char <= "\udcff" for char in text)
+
+
 def shared_name(text: str) -> str:
     """One string object for all equal pod names, namespaces, container names, pod UIDs and container
     IDs: every source parses its own (log names, cgroup paths, the checkpoints, podresources), and a
     container's are kept for as long as it lives (~0.4 KB per container in copies). Interned, so a
-    string no source holds any more is freed."""
-    return sys.intern(text)
+    string no source holds any more is freed. Names are data: each is made a valid attribute value
+    here (:func:`valid_name`), where it enters the agent, so no name can fail a page or a push."""
+    return sys.intern(valid_name(text))
 
 
 def shared_set(ids: Iterable[int]) -> frozenset[int]:

@@ -94,6 +94,7 @@ class AgentOptions:
     runtime: RuntimeOptions | None = None
     cgroups: CgroupOptions | None = None
     log_level: str = "info"
+    stall_timeout_s: float = 60.0  # /healthz turns 503 when one collection has run this long
 
 
 # Across exec ----------------------------------------------------------------------------------------

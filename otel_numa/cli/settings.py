@@ -128,6 +128,8 @@ class Settings(BaseSettings):
     """OTLP transport: grpc or http/protobuf."""
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
     """Seconds one OTLP export may take, retries included."""
+    stall_timeout: float = Field(default=60.0, gt=0, le=3600)
+    """Seconds one collection may run (a read that hangs) before /healthz answers 503."""
     interval: float = Field(default=15.0, gt=0, le=3600)
     """Seconds between OTLP exports and background refreshes."""
     push_min_interval: float = Field(default=0.2, ge=0, le=60)
@@ -326,6 +328,7 @@ class Settings(BaseSettings):
             node_name=self.node_name,
             interval_s=self.interval,
             push_min_interval_s=self.push_min_interval,
+            stall_timeout_s=self.stall_timeout,
             health_address=_address_or_none(self.health_address),
             metrics=tuple(spec.name for spec in metrics),
             machine=MachineOptions(
@@ -446,6 +449,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("otlp-endpoint", "otlp_endpoint", "URL"),
     Flag("otlp-protocol", "otlp_protocol", "grpc|http/protobuf"),
     Flag("otlp-timeout", "otlp_timeout", "SECONDS"),
+    Flag("stall-timeout", "stall_timeout", "SECONDS"),
     Flag("interval", "interval", "SECONDS"),
     Flag("push-min-interval", "push_min_interval", "SECONDS"),
     Flag("compat", "compat", "numainfo"),

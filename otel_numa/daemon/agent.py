@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from otel_numa.accounting.allocation import compute_allocation
 from otel_numa.daemon.heap import HeapPolicy
-from otel_numa.daemon.scheduler import Scheduler
+from otel_numa.daemon.scheduler import Scheduler, WithDeadline
 from otel_numa.endpoints.health import HealthServer
 from otel_numa.endpoints.metrics_page import MetricsServer
 from otel_numa.export.pipeline import Pipeline, build_pipeline
@@ -39,6 +39,12 @@ from otel_numa.sources.errors import SourceError
 from otel_numa.sources.process import OwnProcess
 
 log = logging.getLogger(__name__)
+
+# How long a read that hangs may hold: --once (it then prints what it has), the start-up snapshot (the
+# agent then serves, not ready), a background cgroup walk (the push then carries the last good walk).
+ONCE_WAIT_S = 10.0
+START_WAIT_S = 2.0  # SIGTERM during start-up must still end within the grace period
+BACKGROUND_READ_WAIT_S = 1.0
 
 
 class CannotListen(OSError):
@@ -77,8 +83,13 @@ class Agent:
         if options.cgroups is not None:
             cgroups = options.cgroups
             names = ContainerLogNames(cgroups.container_logs_root)
+            machine_collector = self._machine
             self._cgroups = CgroupCollector(
-                cgroups.cgroup_root, names, self.sources, memory_types=cgroups.memory_types
+                cgroups.cgroup_root,
+                names,
+                self.sources,
+                memory_types=cgroups.memory_types,
+                topology=lambda: machine_collector.topology,
             )
         self._allocation: LastResult[Allocation] = LastResult()
         self._process = OwnProcess() if PROCESS_METRICS & set(options.metrics) else None
@@ -89,7 +100,7 @@ class Agent:
         self._allocation_stage = Stage("allocation", tracker("cpu_manager"), (KubeletState(), Allocation()))
         self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
         self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
-        self.store = SnapshotStore(self._build_snapshot)
+        self.store = SnapshotStore(self._build_snapshot, stale=self._stale_snapshot)
         self._check_roots()
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
@@ -119,6 +130,7 @@ class Agent:
     # Snapshot -----------------------------------------------------------------------------------
 
     def _build_snapshot(self) -> Snapshot:
+        self.sources.count_stuck_reads()  # a background read that hangs (the cgroup walk) is counted too
         machine = self._machine_stage.run(self._machine.collect)
         stages: list[Stage[Any]] = [self._machine_stage]
         kubelet, allocation = KubeletState(), Allocation()
@@ -147,6 +159,20 @@ class Agent:
             process=self._read_process(),
         )
 
+    def _stale_snapshot(self, latest: Snapshot | None, now: float) -> Snapshot:
+        """What a collection serves while a build hangs: the last good data, aged to now, with the stuck
+        reads counted as ``timeout`` errors."""
+        self.sources.count_stuck_reads()
+        if latest is None:
+            return Snapshot(
+                taken_at=now, machine=None, allocation=Allocation(), sources=self.sources.reports()
+            )
+        return replace(latest, taken_at=now, sources=self.sources.reports())
+
+    def healthy(self) -> bool:
+        """False once one collection has run longer than the stall timeout (``/healthz``)."""
+        return self.store.stalled_for() <= self.options.stall_timeout_s
+
     def _read_process(self) -> ProcessUsage | None:
         """The agent's own cost, once per snapshot (every callback of a collection reads this one)."""
         if self._process is None:
@@ -163,7 +189,11 @@ class Agent:
 
     def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
         assert self._kubelet is not None
-        kubelet = self.background.merge(self._kubelet.collect())
+        # the checkpoints are judged against the machine: ids it does not have make a file not its own
+        topology = machine.topology if machine is not None else None
+        cpus = topology.online_cpus if topology is not None else frozenset()
+        nodes = frozenset(topology.node_ids) if topology is not None else None
+        kubelet = self.background.merge(self._kubelet.collect(max(cpus) if cpus else None, nodes))
         if machine is None:  # no topology yet: nothing can be put on a NUMA node
             return kubelet, Allocation()
         if self._dra is not None:
@@ -186,8 +216,10 @@ class Agent:
         self.background.refresh_once()
 
     def exposition_once(self) -> bytes:
-        """The Prometheus text exposition of one collection."""
-        self.refresh_background()
+        """The Prometheus text exposition of one collection; a read that hangs costs it at most
+        :data:`ONCE_WAIT_S` (its source is then counted as a ``timeout``)."""
+        WithDeadline(self.refresh_background, ONCE_WAIT_S, "otel-numa-once")()
+        self.store.fresh_wait_s = ONCE_WAIT_S
         pipeline = build_pipeline(self.options, self.store, exporters=("prometheus",))
         try:
             assert pipeline.registry is not None
@@ -202,7 +234,7 @@ class Agent:
         if options.health_address is not None:
             host, port = options.health_address
             try:
-                self._health = HealthServer(host, port, lambda: self.store.ready)
+                self._health = HealthServer(host, port, lambda: self.store.ready, self.healthy)
             except OSError as exc:
                 raise CannotListen("health_address", host, port, exc) from exc
             self._health.start()
@@ -226,12 +258,18 @@ class Agent:
             except OSError as exc:
                 raise CannotListen("prometheus_address", host, port, exc) from exc
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
-        self.store.refresh()
+        self.store.refresh(wait_s=START_WAIT_S)
+        # the cgroup walk reads a few files per container: one that hangs must not hold the push
+        cgroup_refresh = (
+            [WithDeadline(self._cgroups.refresh, BACKGROUND_READ_WAIT_S, "otel-numa-cgroups")]
+            if self._cgroups is not None
+            else []
+        )
         self.scheduler = Scheduler(
             options.interval_s,
             [*self.background.tasks, self._push],
             min_trigger_gap_s=options.push_min_interval_s,
-            periodic_tasks=[self._cgroups.refresh] if self._cgroups is not None else [],
+            periodic_tasks=cgroup_refresh,
             closing_tasks=[self._heap.after_round] if self._heap is not None else [],
         )
         self.scheduler.start()
@@ -278,7 +316,7 @@ class Agent:
         if self.watcher is not None:
             self.watcher.stop(timeout_s=0.2)
         if self.scheduler is not None:
-            self.scheduler.stop(timeout_s=0.5)
+            self.scheduler.stop(timeout_s=BACKGROUND_READ_WAIT_S + 0.5)
             push_stuck = self.scheduler.running
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()

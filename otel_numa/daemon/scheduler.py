@@ -93,3 +93,29 @@ class Scheduler:
             if triggered:
                 continue  # a triggered round leaves the periodic timer where it was
             next_run = time.monotonic() + self._interval_s
+
+
+class WithDeadline:
+    """Runs ``task`` in a thread of its own and waits for it at most ``wait_s`` seconds, so a read that hangs
+    (a stuck NFS, FUSE or cgroup file) cannot hold the scheduler's push or shutdown. While a run is still
+    going, calls do not start another; it finishes (or not) on its own."""
+
+    def __init__(self, task: Callable[[], None], wait_s: float, name: str) -> None:
+        self._task = task
+        self._wait_s = wait_s
+        self._name = name
+        self._running: threading.Thread | None = None
+        self.__qualname__ = getattr(task, "__qualname__", name)  # named as the task in failure logs
+
+    def __call__(self) -> None:
+        running = self._running
+        if running is None or not running.is_alive():
+            running = self._running = threading.Thread(target=self._run, name=self._name, daemon=True)
+            running.start()
+        running.join(self._wait_s)
+
+    def _run(self) -> None:
+        try:
+            self._task()
+        except Exception as exc:  # a background task must never go unnoticed
+            log.warning("background task failed: %s: %r", self.__qualname__, exc)

@@ -33,10 +33,13 @@ MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "1")
 ALLOCATOR_TUNABLES = (("glibc.malloc.tcache_count", "0"),)
 GLIBC_TUNABLES = "GLIBC_TUNABLES"
 log = logging.getLogger("otel_numa")
+# Signals an operator or a tool may send that must not end the agent: logged and ignored.
+IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def run(options: AgentOptions) -> int:
-    """Serve until SIGTERM/SIGINT; flush and exit within 5 s."""
+    """Serve until SIGTERM/SIGINT, then push once more and exit within 5 s; SIGHUP, SIGUSR1 and SIGUSR2 are
+    logged and ignored."""
     from otel_numa.daemon.agent import (  # after logging, so import-time warnings are formatted
         Agent,
         CannotListen,
@@ -49,8 +52,14 @@ def run(options: AgentOptions) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         agent.request_stop()
 
+    def on_ignored(signum: int, _frame: FrameType | None) -> None:
+        # Their default would end the process at once, with no final push and no log line.
+        log.info("received %s; ignored (TLS files are re-read when they change)", signal.Signals(signum).name)
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    for ignored in IGNORED_SIGNALS:
+        signal.signal(ignored, on_ignored)
     try:
         agent.start()
     except CannotListen as exc:  # a setting the operator must change: exits as any bad setting does

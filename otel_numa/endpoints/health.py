@@ -1,4 +1,5 @@
-"""``/healthz`` (the process serves) and ``/readyz`` (the first snapshot was taken) for probes."""
+"""``/healthz`` (the process serves and collection makes progress) and ``/readyz`` (the first snapshot was
+taken) for probes."""
 
 from __future__ import annotations
 
@@ -13,15 +14,20 @@ class _PooledHTTPServer(PooledMixIn, HTTPServer):
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, ready: Callable[[], bool]) -> None:
-        is_ready = ready
+    def __init__(
+        self, host: str, port: int, ready: Callable[[], bool], healthy: Callable[[], bool] = lambda: True
+    ) -> None:
+        is_ready, is_healthy = ready, healthy
 
         class Handler(BaseHTTPRequestHandler):
             timeout = REQUEST_TIMEOUT_S
 
             def do_GET(self) -> None:
                 if self.path == "/healthz":
-                    self._answer(200, b"ok\n")
+                    if is_healthy():
+                        self._answer(200, b"ok\n")
+                    else:  # a liveness probe restarts an agent whose collection is stuck
+                        self._answer(503, b"collection stalled\n")
                 elif self.path == "/readyz":
                     if is_ready():
                         self._answer(200, b"ready\n")

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 # error.type values every tracked source reports from the start (at 0), so rate() works from the first scrape
 SEEDED_ERROR_TYPES = ("corrupt", "unavailable")
+# error.type of a read still running after STUCK_READ_S: counted once per such read (a stuck NFS, FUSE or
+# cgroup file); the agent keeps serving the source's last good data meanwhile
+TIMEOUT = "timeout"
+STUCK_READ_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,33 +49,57 @@ class SourceTracker:
         self._logged_failures: set[str] = set()
         self._last_duration_s: float | None = None
         self._last_ok: bool | None = None
+        self._reading_since: float | None = None  # clock() when the read in progress began
+        self._stuck_counted = False  # the read in progress was counted as a timeout
         self._wrong_root: str | None = None  # why the configured root cannot be this source's
         self.used = False  # read at least once: only sources the agent reads are reported
 
     @contextmanager
     def timed(self) -> Iterator[None]:
-        """Records how long the enclosed read took (``numa.agent.source.duration``)."""
+        """Records how long the enclosed read took (``numa.agent.source.duration``), and that it runs."""
         start = time.perf_counter()
+        self._reading_since, self._stuck_counted = self._clock(), False
         try:
             yield
         finally:
+            self._reading_since = None
             self._last_duration_s = time.perf_counter() - start
+
+    def count_if_stuck(self, after_s: float = STUCK_READ_S) -> bool:
+        """Count the read in progress once as a ``timeout`` error when it has run longer than ``after_s``;
+        whether one is stuck."""
+        since = self._reading_since
+        if since is None or self._clock() - since < after_s:
+            return False
+        with self._lock:
+            if not self._stuck_counted:
+                self._stuck_counted, self.used, self._last_ok = True, True, False
+                self._errors[TIMEOUT] = self._errors.get(TIMEOUT, 0) + 1
+                log.warning(
+                    "source %s: a read has not returned for %.0f s; serving its last good data",
+                    self.name,
+                    after_s,
+                )
+        return True
 
     def seed(self, error_type: str) -> None:
         """Report ``error_type`` at 0 from the start."""
         with self._lock:
             self._errors.setdefault(error_type, 0)
 
-    def succeeded(self) -> None:
+    def succeeded(self, *, partly: bool = False) -> None:
+        """The source was read; ``partly``: some of its items failed this round (counted with
+        :meth:`failed`), so their failures stay logged once rather than again every round."""
         with self._lock:
             self.used = True
             if not self._present:
                 log.info("source %s is available", self.name)
-            elif self._logged_failures:
+            elif self._logged_failures and not partly:
                 log.info("source %s recovered", self.name)
             self._present = True
             self._wrong_root = None
-            self._logged_failures.clear()
+            if not partly:
+                self._logged_failures.clear()
             self._last_good = self._clock()
             self._last_ok = True
 
@@ -138,3 +166,9 @@ class SourceRegistry:
         with self._lock:
             trackers = list(self._trackers.values())
         return tuple(tracker.report() for tracker in trackers if tracker.used)
+
+    def count_stuck_reads(self, after_s: float = STUCK_READ_S) -> tuple[str, ...]:
+        """Count each read running longer than ``after_s`` once (``timeout``); the sources stuck now."""
+        with self._lock:
+            trackers = list(self._trackers.values())
+        return tuple(tracker.name for tracker in trackers if tracker.count_if_stuck(after_s))

@@ -1,16 +1,19 @@
 """One consistent view of everything the agent knows, taken once per collection.
 
 Every reader's collection runs inside :meth:`SnapshotStore.pinned`: the snapshot is built once, every
-instrument callback of that collection reads the same object, and collections are serialised so two
-readers (Prometheus and OTLP) never see a half-updated state.
+instrument callback of that collection reads the same object, and builds are serialised so two readers
+(Prometheus and OTLP) never see a half-updated state. Builds run in a worker thread: a read that hangs
+costs a collection at most :data:`FRESH_WAIT_S`, after which it serves the last good data with its age.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from otel_numa.model import Allocation, ContainerUsage, MachineUsage, ProcessUsage
 from otel_numa.snapshot.source_status import SourceReport
@@ -40,30 +43,101 @@ class Snapshot:
         }
 
 
+# How long a collection (a scrape, a push) waits for a fresh snapshot before it serves the last one, aged to
+# now: a read that hangs (a stuck NFS, FUSE or cgroup file) must not hold the page, the push or shutdown.
+# Builds take milliseconds; a build still running after this long is treated as stuck, and later
+# collections do not wait for it at all.
+FRESH_WAIT_S = 0.5
+
+log = logging.getLogger(__name__)
+
+
+def aged(snapshot: Snapshot | None, now: float) -> Snapshot:
+    """The last snapshot served again at ``now`` (its sources' ages grow), or an empty one."""
+    if snapshot is None:
+        return Snapshot(taken_at=now, machine=None, allocation=Allocation(), sources=())
+    return replace(snapshot, taken_at=now)
+
+
 class SnapshotStore:
     """Builds snapshots and pins one per collection.
 
     Instrument callbacks run synchronously in the thread that collects, so the pin is per thread: a
     Prometheus scrape and an OTLP push each see their own consistent snapshot, and a push stuck on a dead
-    collector never holds up a scrape. Only building is serialised (collectors keep caches).
+    collector never holds up a scrape. Builds run one at a time in a worker thread of their own (collectors
+    keep caches); a collection asks for a build that starts after its request and waits for it at most
+    ``fresh_wait_s`` seconds, then serves what ``stale`` makes of the last good snapshot.
     """
 
-    def __init__(self, build: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Snapshot],
+        *,
+        fresh_wait_s: float = FRESH_WAIT_S,
+        stale: Callable[[Snapshot | None, float], Snapshot] = aged,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._build = build
-        self._build_lock = threading.Lock()
+        self.fresh_wait_s = fresh_wait_s
+        self._stale = stale
+        self._clock = clock
+        self._changed = threading.Condition()
         self._latest: Snapshot | None = None
+        self._wanted = 0  # the newest build generation asked for
+        self._built = 0  # the newest one finished
+        self._running: int | None = None  # the one in progress
+        self._running_since: float | None = None
+        self._worker: threading.Thread | None = None
         self._local = threading.local()
 
-    def _build_now(self) -> Snapshot:
-        with self._build_lock:
-            snapshot = self._build()
-            self._latest = snapshot
-            return snapshot
+    def _build_now(self, wait_s: float | None) -> Snapshot:
+        """A snapshot built after this call began, or the stale last one when none is ready within
+        ``wait_s`` seconds (``None``: wait for it however long it takes)."""
+        with self._changed:
+            now = self._clock()
+            stuck = (
+                wait_s is not None and self._running_since is not None and now - self._running_since > wait_s
+            )
+            target = (self._running if self._running is not None else self._built) + 1
+            self._wanted = max(self._wanted, target)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="otel-numa-collect", daemon=True)
+                self._worker.start()
+            self._changed.notify_all()
+            if not stuck:
+                self._changed.wait_for(lambda: self._built >= target, timeout=wait_s)
+            fresh, latest = self._built >= target, self._latest
+        if fresh and latest is not None:
+            return latest
+        return self._stale(latest, self._clock())
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._wanted > self._built)
+                generation = self._running = self._wanted
+                self._running_since = self._clock()
+            snapshot: Snapshot | None = None
+            try:
+                snapshot = self._build()
+            except Exception:  # the stages catch their own; this is a last resort, logged
+                log.exception("building a snapshot failed; serving the last good one")
+            with self._changed:
+                if snapshot is not None:
+                    self._latest = snapshot
+                self._built = generation
+                self._running = self._running_since = None
+                self._changed.notify_all()
+
+    def stalled_for(self) -> float:
+        """Seconds the build in progress has run (0 when none runs): what ``/healthz`` judges."""
+        since = self._running_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
 
     @contextmanager
     def pinned(self) -> Iterator[Snapshot]:
         """Build a fresh snapshot and hold it, for this thread, for the duration of one collection."""
-        snapshot = self._build_now()
+        snapshot = self._build_now(self.fresh_wait_s)
         previous = getattr(self._local, "snapshot", None)
         self._local.snapshot = snapshot
         try:
@@ -77,11 +151,12 @@ class SnapshotStore:
         if pinned is not None:
             return pinned
         latest = self._latest
-        return latest if latest is not None else self._build_now()
+        return latest if latest is not None else self._build_now(self.fresh_wait_s)
 
     @property
     def ready(self) -> bool:
         return self._latest is not None
 
-    def refresh(self) -> Snapshot:
-        return self._build_now()
+    def refresh(self, wait_s: float | None = None) -> Snapshot:
+        """A fresh snapshot, waited for at most ``wait_s`` seconds (``None``: however long it takes)."""
+        return self._build_now(wait_s)

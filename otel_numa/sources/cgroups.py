@@ -33,7 +33,14 @@ from typing import Literal
 
 from otel_numa.model import CgroupLayout, ContainerNumaUsage, shared_name, shared_set, small_map
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
-from otel_numa.sources.files import parse_cpulist, read_optional_text
+from otel_numa.sources.files import (
+    CGROUP_FILE_BYTES,
+    MAX_CPU_ID,
+    MAX_NUMA_NODE_ID,
+    OUT_OF_RANGE,
+    parse_cpulist,
+    read_optional_text,
+)
 
 QosClass = Literal["guaranteed", "burstable", "besteffort"]
 
@@ -178,32 +185,43 @@ def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...
 
 def _read(path: str) -> str | None:
     """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed)."""
-    return read_optional_text(path)
+    return read_optional_text(path, limit=CGROUP_FILE_BYTES)
 
 
-def _node_values(tokens: list[str], scale: int, text: str) -> dict[int, int]:
-    """``N<id>=<value>`` tokens as node id -> value x scale; other tokens are not per-node and skipped."""
+def _node_values(tokens: list[str], scale: int, nodes: Collection[int] | None) -> dict[int, int]:
+    """``N<id>=<value>`` tokens as node id -> value x scale; other tokens are not per-node and skipped.
+
+    A node id the machine does not have (any id of ``nodes`` when given, else the kernel's largest) makes
+    the file corrupt (``out_of_range``): one such file must not become thousands of series."""
     by_node: dict[int, int] = {}
     for token in tokens:
         node_text, separator, value_text = token.partition("=")
         if not separator or node_text[:1] != "N":
             continue
         try:
-            by_node[int(node_text[1:])] = int(value_text) * scale
+            node, value = int(node_text[1:]), int(value_text) * scale
         except ValueError as exc:
-            raise SourceCorrupt(f"memory.numa_stat: bad entry {token!r} in {text[:200]!r}") from exc
+            raise SourceCorrupt("memory.numa_stat: a bad N<id>=<value> entry") from exc  # never quoted
+        if not 0 <= node <= MAX_NUMA_NODE_ID or (nodes is not None and node not in nodes):
+            raise SourceCorrupt(
+                "memory.numa_stat: a NUMA node the machine does not have", error_type=OUT_OF_RANGE
+            )
+        by_node[node] = value
     return by_node
 
 
-def parse_numa_stat_v2(text: str, types: Iterable[str] | None = None) -> dict[str, dict[int, int]]:
-    """cgroup v2 ``memory.numa_stat``: type -> node -> bytes, for every type listed (or only ``types``)."""
+def parse_numa_stat_v2(
+    text: str, types: Iterable[str] | None = None, nodes: Collection[int] | None = None
+) -> dict[str, dict[int, int]]:
+    """cgroup v2 ``memory.numa_stat``: type -> node -> bytes, for every type listed (or only ``types``);
+    only the NUMA ids of ``nodes`` (when given) are accepted."""
     # parsing is most of the cost on many-node machines: only the wanted lines are looked at, found by
     # searching the text for them (a file has ~30 types, the agent wants 2 or 3)
     lines = text.splitlines() if types is None else _lines_of(text, types)
     memory: dict[str, dict[int, int]] = {}
     for line in lines:
         tokens = line.split()
-        by_node = _node_values(tokens[1:], 1, text) if len(tokens) > 1 else None
+        by_node = _node_values(tokens[1:], 1, nodes) if len(tokens) > 1 else None
         if by_node:
             memory[tokens[0]] = by_node
     return memory
@@ -223,7 +241,9 @@ def _lines_of(text: str, types: Iterable[str]) -> Iterator[str]:
         yield text[start:] if end < 0 else text[start:end]
 
 
-def parse_numa_stat_v1(text: str, page_size: int = PAGE_SIZE) -> dict[str, dict[int, int]]:
+def parse_numa_stat_v1(
+    text: str, page_size: int = PAGE_SIZE, nodes: Collection[int] | None = None
+) -> dict[str, dict[int, int]]:
     """cgroup v1 ``memory.numa_stat``: type -> node -> bytes (the kernel counts pages).
 
     The ``hierarchical_<type>`` lines, which also count the cgroup's descendants, win over the plain ones, so
@@ -243,7 +263,7 @@ def parse_numa_stat_v1(text: str, page_size: int = PAGE_SIZE) -> dict[str, dict[
         if name.startswith("hierarchical_"):
             name = name.removeprefix("hierarchical_")
             target = hierarchical
-        by_node = _node_values(tokens[1:], page_size, text)
+        by_node = _node_values(tokens[1:], page_size, nodes)
         if name != "total" and by_node:
             target[name] = by_node
     own.update(hierarchical)
@@ -261,7 +281,7 @@ def _int(text: str, context: str) -> int:
     try:
         return int(text)
     except ValueError as exc:
-        raise SourceCorrupt(f"bad number {text.strip()!r} in cgroup file {context[:200]!r}") from exc
+        raise SourceCorrupt("a bad number in a cgroup file") from exc  # never quoted
 
 
 def _v1_controller_dir(memory_dir: str, controller: str) -> str:
@@ -300,11 +320,17 @@ def _read_v1(memory_dir: str) -> tuple[str | None, str | None, str | None, float
 
 
 def read_container_usage(
-    cgroup: ContainerCgroup, layout: CgroupLayout, memory_types: Collection[str] | None = None
+    cgroup: ContainerCgroup,
+    layout: CgroupLayout,
+    memory_types: Collection[str] | None = None,
+    nodes: Collection[int] | None = None,
+    cpu_limit: int = MAX_CPU_ID,
 ) -> ContainerNumaUsage | None:
     """One container's NUMA memory, cpusets and CPU time; ``None`` when its cgroup vanished meanwhile.
 
     ``memory_types`` limits the v2 memory types parsed (v1 files have only three); ``None``: all of them.
+    ``nodes`` and ``cpu_limit``: the machine's NUMA ids and highest CPU id, when known; a file naming
+    another node or a higher CPU is corrupt (``out_of_range``).
     """
     directory = cgroup.path
     numa_stat, cpus, mems, cpu_time = _read_v2(directory) if layout == "v2" else _read_v1(directory)
@@ -315,16 +341,16 @@ def read_container_usage(
     if numa_stat is None:
         memory: dict[str, dict[int, int]] = {}  # a kernel without CONFIG_NUMA has no numa_stat
     elif layout == "v2":
-        memory = parse_numa_stat_v2(numa_stat, memory_types)
+        memory = parse_numa_stat_v2(numa_stat, memory_types, nodes)
     else:
-        memory = parse_numa_stat_v1(numa_stat)
+        memory = parse_numa_stat_v1(numa_stat, nodes=nodes)
     return ContainerNumaUsage(
         pod_uid=cgroup.pod_uid,
         container_id=cgroup.container_id,
         # kept until the container's files change: one tuple per map instead of a dict
         memory_by_type=small_map({kind: small_map(by_node) for kind, by_node in memory.items()}),
         # a handful of distinct sets on a node (the shared pool, the nodes, the exclusive CPUs)
-        cpus=shared_set(parse_cpulist(cpus)) if cpus is not None else None,
-        mems=shared_set(parse_cpulist(mems)) if mems is not None else None,
+        cpus=shared_set(parse_cpulist(cpus, cpu_limit)) if cpus is not None else None,
+        mems=shared_set(parse_cpulist(mems, MAX_NUMA_NODE_ID)) if mems is not None else None,
         cpu_time_s=cpu_time,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,32 @@ ErrorSink = Callable[[SourceError], None]
 _READ_SIZE = 1 << 16
 
 # Highest CPU id accepted anywhere (CPU lists, masks, the kubelet's CPU sets): far above any kernel's
-# NR_CPUS (8192), low enough that a corrupt range such as "0-999999999" cannot exhaust memory.
+# NR_CPUS (8192), low enough that a corrupt range such as "0-999999999" cannot exhaust memory. Where the
+# machine's topology is known, its own highest CPU is the bound (``limit`` of :func:`parse_cpulist`).
 MAX_CPU_ID = 65535
+
+# Highest NUMA node id of any Linux kernel: MAX_NUMNODES is at most 1024 (CONFIG_NODES_SHIFT <= 10).
+MAX_NUMA_NODE_ID = 1023
+
+# Byte caps per kind of file, far above any real one (docs/decisions-hostile-input.md): a larger file is
+# rejected whole as ``too_large`` after reading one byte past the cap, so a sparse 1 GB file costs no more
+# memory than the cap. A sysfs attribute is at most one page (4 KiB, 64 KiB on some arm64 kernels).
+SYSFS_FILE_BYTES = 1 << 20
+# /proc/stat grows with CPUs and interrupts: ~150 bytes per CPU, 8,192 CPUs and their IRQ counts stay
+# under 4 MiB; /proc/meminfo is ~1.5 KB.
+PROCFS_FILE_BYTES = 8 << 20
+# memory.numa_stat holds ~25 lines of one token per NUMA node: ~300 KB with 1,024 nodes.
+CGROUP_FILE_BYTES = 1 << 20
+
+# error.type words of the checks every read makes
+NOT_REGULAR = "not_regular_file"  # a FIFO, socket or device where a file is expected
+SYMLINK = "symlink"  # the file itself is a symbolic link: never followed
+TOO_LARGE = "too_large"
+OUT_OF_RANGE = "out_of_range"  # a CPU or NUMA node id the machine does not have
+
+# O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is then refused as not a
+# regular file. O_NOFOLLOW: a file that is itself a link is refused rather than read wherever it points.
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
 
 
 def report(error: SourceError, on_error: ErrorSink | None) -> None:
@@ -40,29 +65,40 @@ def naming(path: str | Path, on_error: ErrorSink | None) -> ErrorSink | None:
     return lambda error: sink(type(error)(f"{path}: {error}", error_type=error.error_type))
 
 
-def read_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
-    """The file's bytes with os-level calls (files read every round stay cheap).
+def read_bytes(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, with os-level calls (files read every round stay cheap).
 
-    At most ``limit + 1`` bytes are read when ``limit`` is given, so a caller can tell a file that is too
-    large. A file that does not exist, or whose cgroup or device is gone (``ENODEV``), raises
-    :class:`SourceMissing`; any other failure, a directory in place of the file included, raises
+    Never blocks on a FIFO or device, never follows ``path`` itself when it is a symbolic link, and reads at
+    most ``limit + 1`` bytes. A file that does not exist, or whose cgroup or device is gone (``ENODEV``),
+    raises :class:`SourceMissing`; a link, a FIFO, a socket, a device, or a file larger than ``limit``
+    raises :class:`SourceCorrupt` (rejected whole, error types :data:`SYMLINK`, :data:`NOT_REGULAR`,
+    :data:`TOO_LARGE`); any other failure, a directory in place of the file included, raises
     :class:`SourceUnavailable`. A read shorter than asked for ends the file: sysfs returns an attribute
     whole, a regular file up to its end.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # read-only, never created
+        fd = os.open(path, _OPEN_FLAGS)  # read-only, never created
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise SourceMissing(f"{path}: not found") from exc
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SourceCorrupt(f"{path}: a symbolic link, not followed", error_type=SYMLINK) from exc
         raise _open_error(path, exc) from exc
     try:
+        status = os.fstat(fd)
+        if stat.S_ISDIR(status.st_mode):
+            raise SourceUnavailable(f"{path}: is a directory")
+        if not stat.S_ISREG(status.st_mode):
+            raise SourceCorrupt(f"{path}: not a regular file", error_type=NOT_REGULAR)
+        if status.st_size > limit:  # a real file says its size; sysfs and procfs files say 4096 or 0
+            raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
         # one read is the whole file unless it fills the buffer: then read on to the end (or the limit)
-        cap = _READ_SIZE if limit is None else min(_READ_SIZE, limit + 1)
+        cap = min(_READ_SIZE, limit + 1)
         data = os.read(fd, cap)
-        if len(data) == cap and (limit is None or len(data) <= limit):
+        if len(data) == cap and len(data) <= limit:
             chunks, size = [data], len(data)
-            while limit is None or size <= limit:
-                chunk = os.read(fd, _READ_SIZE if limit is None else min(_READ_SIZE, limit + 1 - size))
+            while size <= limit:
+                chunk = os.read(fd, min(_READ_SIZE, limit + 1 - size))
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -72,6 +108,8 @@ def read_bytes(path: str | Path, *, limit: int | None = None) -> bytes:
         raise _open_error(path, exc) from exc
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
     return data
 
 
@@ -81,15 +119,15 @@ def _open_error(path: str | Path, exc: OSError) -> SourceError:
     return SourceUnavailable(f"{path}: {exc.strerror or exc}")
 
 
-def read_text(path: str | Path) -> str:
+def read_text(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> str:
     """A small text file; trailing NULs (some sysfs files end with one) are dropped."""
-    return read_bytes(path).rstrip(b"\x00").decode("utf-8", errors="replace")
+    return read_bytes(path, limit=limit).rstrip(b"\x00").decode("utf-8", errors="replace")
 
 
-def read_optional_text(path: str | Path) -> str | None:
+def read_optional_text(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> str | None:
     """Like :func:`read_text`, but a missing file is ``None`` instead of an error."""
     try:
-        return read_text(path)
+        return read_text(path, limit=limit)
     except SourceMissing:
         return None
 
@@ -121,8 +159,9 @@ def read_value_text(path: str | Path) -> str:
 # round parses each once and every container holds the same set. Few entries: on a 1,024-CPU machine a
 # shared pool's set is ~40 KB, and each exclusive allocation changes the shared pool's text.
 @functools.lru_cache(maxsize=64)
-def parse_cpulist(text: str) -> frozenset[int]:
-    """Parse the kernel's list format, e.g. ``0-3,8,10-11`` (an empty string is the empty set)."""
+def parse_cpulist(text: str, limit: int = MAX_CPU_ID) -> frozenset[int]:
+    """Parse the kernel's list format, e.g. ``0-3,8,10-11`` (an empty string is the empty set); a CPU id
+    above ``limit`` (the machine's highest, when known) makes the list corrupt (``out_of_range``)."""
     cpus: set[int] = set()
     for part in text.strip().strip("\x00").split(","):
         part = part.strip()
@@ -132,16 +171,20 @@ def parse_cpulist(text: str) -> frozenset[int]:
             if "-" in part:
                 low_text, high_text = part.split("-", 1)
                 low, high = int(low_text), int(high_text)
-                if high < low or high > MAX_CPU_ID:
+                if high < low or low < 0:
                     raise ValueError(part)
+                if high > limit:
+                    raise SourceCorrupt("a CPU the machine does not have", error_type=OUT_OF_RANGE)
                 cpus.update(range(low, high + 1))
             else:
                 cpu = int(part)
-                if not 0 <= cpu <= MAX_CPU_ID:
+                if cpu < 0:
                     raise ValueError(part)
+                if cpu > limit:
+                    raise SourceCorrupt("a CPU the machine does not have", error_type=OUT_OF_RANGE)
                 cpus.add(cpu)
         except ValueError as exc:
-            raise SourceCorrupt(f"bad CPU list {text.strip()[:80]!r}") from exc
+            raise SourceCorrupt("bad CPU list") from exc  # never quoted: a link may lead anywhere
     return frozenset(cpus)
 
 
@@ -151,7 +194,7 @@ def parse_cpumask(text: str) -> frozenset[int]:
     try:
         value = int("".join(word.strip() for word in words) or "0", 16)
     except ValueError as exc:
-        raise SourceCorrupt(f"bad CPU mask {text.strip()[:80]!r}") from exc
+        raise SourceCorrupt("bad CPU mask") from exc
     if value.bit_length() > MAX_CPU_ID + 1:  # a corrupt or hostile file must not cost seconds to expand
         raise SourceCorrupt(f"CPU mask wider than {MAX_CPU_ID + 1} bits")
     return frozenset(bit for bit, digit in enumerate(reversed(f"{value:b}")) if digit == "1")

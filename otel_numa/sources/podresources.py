@@ -188,7 +188,7 @@ def _numa_ids(topology: pb.TopologyInfo) -> tuple[int, ...]:
 
 def _devices(device: pb.ContainerDevices) -> ContainerDevices:
     return ContainerDevices(
-        resource_name=device.resource_name,
+        resource_name=shared_name(device.resource_name),
         device_ids=tuple(device.device_ids),
         numa_ids=_numa_ids(device.topology),
     )

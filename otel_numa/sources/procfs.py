@@ -13,7 +13,7 @@ from operator import itemgetter
 from pathlib import Path
 
 from otel_numa.sources.errors import SourceCorrupt
-from otel_numa.sources.files import ErrorSink, naming, read_text, report, whole_lines
+from otel_numa.sources.files import PROCFS_FILE_BYTES, ErrorSink, naming, read_text, report, whole_lines
 
 # The columns of a ``cpuN`` line in /proc/stat, in the kernel's order. The two that follow (guest,
 # guest_nice) are already counted inside user and nice, so they are left out.
@@ -80,8 +80,8 @@ def _parse_cpu_ticks(text: str, on_error: ErrorSink | None = None) -> tuple[dict
             problem = problem or ("short" if len(ticks) < _MIN_CPU_FIELDS else "")
         if problem:
             if on_error is None:
-                raise SourceCorrupt(f"{problem} /proc/stat line {line[:80]!r}")
-            bad_lines.append(line)
+                raise SourceCorrupt(f"{problem} /proc/stat line of cpu{cpu}")  # contents never quoted
+            bad_lines.append(f"cpu{cpu}")
             bad_cpus.add(cpu)
             ticks_by_cpu.pop(cpu, None)
             continue
@@ -89,7 +89,7 @@ def _parse_cpu_ticks(text: str, on_error: ErrorSink | None = None) -> tuple[dict
         bad_cpus.discard(cpu)
     if bad_lines:
         report(
-            SourceCorrupt(f"/proc/stat: {len(bad_lines)} bad CPU line(s), first {bad_lines[0][:80]!r}"),
+            SourceCorrupt(f"/proc/stat: {len(bad_lines)} bad CPU line(s), first of {bad_lines[0]}"),
             on_error,
         )
     elif not ticks_by_cpu:
@@ -189,7 +189,7 @@ class NodeCpuTimes:
         A line cut short (the file's end lost) is reported and dropped; a missing or unreadable file raises.
         """
         path = procfs_root / "stat"
-        text, cut = whole_lines(read_text(path), path)
+        text, cut = whole_lines(read_text(path, limit=PROCFS_FILE_BYTES), path)
         if cut is not None:
             report(cut, on_error)
         sums, listed = self._parse(text, on_error)
@@ -279,15 +279,15 @@ def _parse_plain_meminfo(text: str) -> dict[str, int] | None:
 def _meminfo_field(line: str) -> tuple[str, int]:
     match = _MEMINFO_LINE.fullmatch(line.strip())
     if match is None:
-        raise SourceCorrupt(f"bad meminfo line {line[:80]!r}")
+        raise SourceCorrupt("a bad meminfo line")  # contents never quoted: a link may lead anywhere
     value = int(match.group("value"))
     unit = match.group("unit")
     if unit == "kB":
         value *= 1024
     elif unit is not None:
-        raise SourceCorrupt(f"unknown unit in meminfo line {line[:80]!r}")
+        raise SourceCorrupt(f"unknown unit in meminfo line {match.group('name')}")
     if value > MAX_AMOUNT:
-        raise SourceCorrupt(f"out-of-range meminfo line {line[:80]!r}")
+        raise SourceCorrupt(f"out-of-range meminfo line {match.group('name')}")
     return match.group("name"), value
 
 
@@ -317,7 +317,7 @@ def read_meminfo(procfs_root: Path, on_error: ErrorSink | None = None) -> dict[s
     A missing or unreadable file raises; a line cut short or a bad line is reported and left out.
     """
     path = procfs_root / "meminfo"
-    text, cut = whole_lines(read_text(path), path)
+    text, cut = whole_lines(read_text(path, limit=PROCFS_FILE_BYTES), path)
     if cut is not None:
         report(cut, on_error)
     try:

@@ -27,6 +27,7 @@ from typing import TypeVar
 from otel_numa.model import HugepagePool, NodeMemory, NumaNode, Topology
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
 from otel_numa.sources.files import (
+    SYMLINK,
     ErrorSink,
     format_cpulist,
     naming,
@@ -116,11 +117,23 @@ def _read_lines(path: str | Path, on_error: ErrorSink | None) -> str | None:
     return kept
 
 
-def _numbered_entries(directory: str | Path, pattern: re.Pattern[str]) -> dict[int, str]:
-    """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it."""
+def _numbered_entries(
+    directory: str | Path, pattern: re.Pattern[str], on_error: ErrorSink | None = None
+) -> dict[int, str]:
+    """Entries of ``directory`` whose whole name matches ``pattern``, by the number in it.
+
+    The kernel makes these (``nodeN``, ``cpuN``, ``hugepages-<kB>kB``) real directories: one that is a
+    symbolic link could lead out of the sysfs root, so it is left out and reported (``symlink``)."""
     try:
         with os.scandir(directory) as entries:
-            names = [entry.name for entry in entries]
+            names = []
+            for entry in entries:
+                if not entry.is_symlink():
+                    names.append(entry.name)
+                elif pattern.fullmatch(entry.name) is not None and on_error is not None:
+                    on_error(
+                        SourceCorrupt(f"{entry.path}: a symbolic link, not followed", error_type=SYMLINK)
+                    )
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise SourceMissing(f"{directory}: not found") from exc
     except OSError as exc:
@@ -137,7 +150,7 @@ def _parse_count(text: str) -> int:
     """A count or flag: a non-negative decimal that fits the int64 the exporters carry."""
     stripped = text.strip()
     if not (stripped.isascii() and stripped.isdigit()) or int(stripped) > MAX_AMOUNT:
-        raise SourceCorrupt(f"not a count: {stripped[:40]!r}")
+        raise SourceCorrupt("not a count")  # contents never quoted: a link may lead anywhere
     return int(stripped)
 
 
@@ -149,7 +162,7 @@ def _parse_distance_row(text: str) -> list[int]:
     try:
         return [_parse_count(value) for value in text.split()]
     except SourceCorrupt as exc:
-        raise SourceCorrupt(f"bad distance row {text.strip()[:80]!r}") from exc
+        raise SourceCorrupt("bad distance row") from exc
 
 
 def _ignore(_error: SourceError) -> None:
@@ -197,10 +210,10 @@ def _read_online_cpus(sysfs_root: Path, on_error: ErrorSink | None) -> frozenset
     return _online_cpus_from_cpu_dirs(cpu_dir, on_error)
 
 
-def _node_ids(sysfs_root: Path) -> tuple[int, ...]:
+def _node_ids(sysfs_root: Path, on_error: ErrorSink | None = None) -> tuple[int, ...]:
     """Ids of the ``nodeN`` directories, sorted; empty on a kernel without NUMA."""
     try:
-        return tuple(sorted(_numbered_entries(sysfs_root / NODE_DIR, _NODE_NAME)))
+        return tuple(sorted(_numbered_entries(sysfs_root / NODE_DIR, _NODE_NAME, on_error)))
     except SourceMissing:
         return ()
 
@@ -309,7 +322,7 @@ def read_topology(sysfs_root: Path, procfs_root: Path, *, on_error: ErrorSink | 
     machine reader takes the same roots.
     """
     online_cpus = _read_online_cpus(sysfs_root, on_error)
-    present = _node_ids(sysfs_root)
+    present = _node_ids(sysfs_root, on_error)
     if not present:
         only = NumaNode(
             id=0, cpus=online_cpus or frozenset(), distances={}, cpus_known=online_cpus is not None
@@ -467,7 +480,7 @@ def parse_numastat(text: str, path: str | Path, on_error: ErrorSink | None = Non
         except SourceCorrupt:
             bad.append(line)
     if bad:
-        report(SourceCorrupt(f"{path}: {len(bad)} bad numastat line(s), first {bad[0][:80]!r}"), on_error)
+        report(SourceCorrupt(f"{path}: {len(bad)} bad numastat line(s)"), on_error)
     return counters
 
 

@@ -27,6 +27,8 @@ from otel_numa.model import (
     ContainerRef,
     CpuTimeSplit,
     MachineUsage,
+    NumaNode,
+    Topology,
 )
 from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
 from otel_numa.snapshot.collectors.machine import MachineCollector
@@ -118,6 +120,42 @@ def test_one_corrupt_container_is_counted_and_the_others_stay(tmp_path: Path) ->
     (report,) = registry.reports()
     assert report.errors == {"corrupt": 2, "unavailable": 0}  # one failed read per round
     assert report.last_good is not None
+
+
+def test_containers_past_the_limit_are_left_out_and_counted(tmp_path: Path) -> None:
+    cgroup, logs = _node(tmp_path)  # four container cgroups, the sandbox included
+    registry = SourceRegistry()
+    collector = CgroupCollector(cgroup, ContainerLogNames(logs), registry, max_containers=2)
+
+    collector.refresh()
+
+    assert collector.view is not None and len(collector.view.usages) == 2
+    (report,) = registry.reports()
+    assert report.errors == {"corrupt": 0, "unavailable": 0, "over_limit": 1}
+
+
+def test_ids_beyond_the_machine_make_the_file_an_error(tmp_path: Path) -> None:
+    """Once the machine is known (2 nodes, CPUs 0-7), a numa_stat naming node 5 or a cpuset naming CPU 9 is
+    an error of its container; the others stay."""
+    cgroup, logs = _node(tmp_path)
+    directory = next(cgroup.rglob(f"*{ID_1}.scope"))
+    (directory / "memory.numa_stat").write_text("anon N0=4096 N5=4096\nfile N0=0 N5=0\n")
+    (next(cgroup.rglob(f"*{ID_2}.scope")) / "cpuset.cpus.effective").write_text("0-9\n")
+    topology = Topology(
+        nodes=(NumaNode(0, frozenset(range(4)), {}), NumaNode(1, frozenset(range(4, 8)), {})),
+        online_cpus=frozenset(range(8)),
+        numa_enabled=True,
+        overlapping_cpus=frozenset(),
+    )
+    registry = SourceRegistry()
+    collector = CgroupCollector(cgroup, ContainerLogNames(logs), registry, topology=lambda: topology)
+
+    collector.refresh()
+
+    assert collector.view is not None
+    assert sorted(u.container_id for u in collector.view.usages) == sorted([SANDBOX, ID_3])
+    (report,) = registry.reports()
+    assert report.errors == {"corrupt": 0, "unavailable": 0, "out_of_range": 2}
 
 
 def test_containers_gone_between_rounds_and_kubepods_gone(tmp_path: Path) -> None:

@@ -214,22 +214,29 @@ def test_v4_data_that_is_not_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "message"),
+    ("data", "where", "value"),
     [
         # the kubelet's own test vectors: valid checksums over values its cpuset parser refuses
-        (b'{"policyName": "none", "defaultCPUSet": "1.3", "entries": {}, "checksum": 3021697696}', "1.3"),
+        (
+            b'{"policyName": "none", "defaultCPUSet": "1.3", "entries": {}, "checksum": 3021697696}',
+            "defaultCpuSet",
+            "1.3",
+        ),
         (
             b'{"policyName": "none", "defaultCPUSet": "1-3", "entries": {"pod": '
             b'{"container1": "4-6", "container2": "asd"}}, "checksum": 962272150}',
+            "container2",
             "asd",
         ),
     ],
 )
-def test_verified_but_invalid_cpu_sets(data: bytes, message: str) -> None:
+def test_verified_but_invalid_cpu_sets(data: bytes, where: str, value: str) -> None:
+    """The error names the entry, never the value (a file may hold anything)."""
     with pytest.raises(SourceCorrupt) as raised:
         parse_cpu_manager_state(data)
     assert raised.value.error_type == "invalid_value"
-    assert message in str(raised.value)
+    assert where in str(raised.value)
+    assert value not in str(raised.value)
 
 
 def test_missing_file_is_source_missing(tmp_path: Path) -> None:

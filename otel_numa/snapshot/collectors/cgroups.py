@@ -33,6 +33,7 @@ from otel_numa.model import (
     ContainerUsage,
     CpuTimeSplit,
     MachineUsage,
+    Topology,
 )
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
@@ -43,13 +44,20 @@ from otel_numa.sources.cgroups import (
     read_container_usage,
 )
 from otel_numa.sources.container_logs import read_container_identities
-from otel_numa.sources.errors import SourceError, SourceMissing
+from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
+from otel_numa.sources.files import MAX_CPU_ID
 
 log = logging.getLogger(__name__)
 
 # container id -> identity; any provider will do (container log links, the container runtime)
 NameLookup = Callable[[], Mapping[str, ContainerIdentity]]
 UsageReader = Callable[[ContainerCgroup, CgroupLayout], ContainerNumaUsage | None]
+
+# Containers read per round, far above a node's (the kubelet's default is 110 pods, its documented maximum
+# 250 pods per node by default, and a pod has a few containers). Past it the rest are left out and counted
+# once a round (``over_limit``), so a runaway node cannot push the agent past its memory limit.
+MAX_CONTAINERS = 2000
+OVER_LIMIT = "over_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +119,17 @@ class CgroupCollector:
         memory_types: frozenset[str] = DEFAULT_MEMORY_TYPES,
         reader: UsageReader | None = None,
         clock: Callable[[], float] = time.monotonic,
+        topology: Callable[[], Topology | None] = lambda: None,
+        max_containers: int = MAX_CONTAINERS,
     ) -> None:
         self._root = cgroup_root
         self._names = names
         self._tracker = registry.tracker("cgroup")
         self._memory_types = memory_types
-        to_read = memory_types_to_read(memory_types)
-        self._read = reader or (lambda cgroup, layout: read_container_usage(cgroup, layout, to_read))
+        self._to_read = memory_types_to_read(memory_types)
+        self._reader = reader
+        self._topology = topology  # the machine's, when known: ids beyond it make a file corrupt
+        self._max_containers = max_containers
         self._clock = clock
         self._view: CgroupView | None = None
         # the join, remembered with its inputs; CPU time splits advance once per view
@@ -150,18 +162,37 @@ class CgroupCollector:
             return
         usages: list[ContainerNumaUsage] = []
         failures: list[SourceError] = []
+        if len(cgroups) > self._max_containers:
+            failures.append(
+                SourceCorrupt(
+                    f"{self._root}: more than {self._max_containers} containers; the rest are left out",
+                    error_type=OVER_LIMIT,
+                )
+            )
+            cgroups = cgroups[: self._max_containers]
+        read = self._reader or self._bounded_reader()
         for cgroup in cgroups:
             try:
-                usage = self._read(cgroup, layout)
+                usage = read(cgroup, layout)
             except SourceError as error:
-                failures.append(error)
+                # a new error, without the traceback whose frames would hold the file's text until a cyclic
+                # collection; named by its cgroup
+                message = str(error) if str(error).startswith(cgroup.path) else f"{cgroup.path}: {error}"
+                failures.append(type(error)(message, error_type=error.error_type))
                 continue
             if usage is not None:  # None: the container stopped meanwhile
                 usages.append(usage)
         self._view = CgroupView(layout, tuple(usages), self._names(), self._clock())
-        self._tracker.succeeded()
+        self._tracker.succeeded(partly=bool(failures))
         for failure in failures:
             self._tracker.failed(failure)
+
+    def _bounded_reader(self) -> UsageReader:
+        """The file reader, bounded by the machine's NUMA ids and CPUs once its topology is known."""
+        topology, to_read = self._topology(), self._to_read
+        nodes = frozenset(topology.node_ids) if topology is not None and topology.nodes else None
+        cpu_limit = max(topology.online_cpus) if topology is not None and topology.online_cpus else MAX_CPU_ID
+        return lambda cgroup, layout: read_container_usage(cgroup, layout, to_read, nodes, cpu_limit)
 
     def containers(
         self, allocation: Allocation, machine: MachineUsage | None, live_pods: frozenset[str] | None = None

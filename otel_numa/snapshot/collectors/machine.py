@@ -55,6 +55,11 @@ class MachineCollector:
         self._cpu_times: NodeCpuTimes | None = None
         self._last: MachineUsage | None = None
 
+    @property
+    def topology(self) -> Topology | None:
+        """The last topology read (``None`` before the first round): what bounds other sources' ids."""
+        return self._topology
+
     def _read_topology(self, failed: set[str]) -> Topology:
         """The cached topology, re-read when the online node/CPU masks changed or the last read met a bad
         file; a node whose CPUs cannot be read now keeps its last good CPUs while the online CPUs stay."""

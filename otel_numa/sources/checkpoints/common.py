@@ -23,25 +23,25 @@ from otel_numa.sources.checkpoints.gojson import (
 )
 from otel_numa.sources.checkpoints.gospew import string_checksum, struct_checksum
 from otel_numa.sources.errors import SourceCorrupt, SourceError
-from otel_numa.sources.files import MAX_CPU_ID, read_bytes
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE, read_bytes
 
 # error_type words of SourceCorrupt (low cardinality: they become a metric attribute)
 WRONG_TYPE = "wrong_type"  # valid JSON whose types fit no layout
 CHECKSUM_MISMATCH = "checksum_mismatch"
 UNSUPPORTED_LAYOUT = "unsupported_layout"  # valid JSON, but not a checkpoint of this kind
 INVALID_VALUE = "invalid_value"  # verified, but a value the kubelet itself would refuse
-TOO_LARGE = "too_large"
 
-# Real checkpoints are kilobytes; a cap keeps a runaway file from exhausting the agent's memory.
-MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+# Real checkpoints are kilobytes (a node of 110 pods: ~10 KB of CPU sets, ~60 KB of memory blocks, devices
+# with their allocate responses up to ~1 MB). Parsing costs ~25 bytes of heap per byte of JSON of small
+# objects, so the cap keeps a runaway file's parse (~55 MB at most) inside the chart's 128 Mi limit
+# (docs/decisions-hostile-input.md).
+MAX_CHECKPOINT_BYTES = 2 * 1024 * 1024
 
 
 def read_checkpoint_bytes(path: Path) -> bytes:
-    """The file's bytes, opened read-only (nothing is ever created, locked or written)."""
-    data = read_bytes(path, limit=MAX_CHECKPOINT_BYTES)
-    if len(data) > MAX_CHECKPOINT_BYTES:
-        raise SourceCorrupt(f"{path}: larger than {MAX_CHECKPOINT_BYTES} bytes", error_type=TOO_LARGE)
-    return data
+    """The file's bytes, opened read-only (nothing is ever created, locked or written); a larger file than
+    :data:`MAX_CHECKPOINT_BYTES` is rejected whole (``too_large``)."""
+    return read_bytes(path, limit=MAX_CHECKPOINT_BYTES)
 
 
 def with_path(path: Path, error: SourceError) -> SourceError:
@@ -54,14 +54,16 @@ _ATOI = re.compile(r"[+-]?[0-9]{1,19}")
 
 def _atoi(text: str, whole: str) -> int:
     if _ATOI.fullmatch(text) is None:
-        raise SourceCorrupt(f"bad CPU set {whole[:64]!r}", error_type=INVALID_VALUE)
+        raise SourceCorrupt("bad CPU set", error_type=INVALID_VALUE)
     return int(text)
 
 
-def parse_go_cpuset(text: str) -> frozenset[int]:
+def parse_go_cpuset(text: str, limit: int = MAX_CPU_ID) -> frozenset[int]:
     """Parse a CPU set as the kubelet's ``cpuset.Parse`` does (``0-3,8``; empty is the empty set).
 
     Stricter than the kernel's list syntax, like Go: no blanks, no empty items, ``strconv.Atoi`` numbers.
+    A CPU above ``limit`` (the machine's highest, when known) is ``out_of_range``, found before the set is
+    expanded.
     """
     if text == "":
         return frozenset()
@@ -71,9 +73,11 @@ def parse_go_cpuset(text: str) -> frozenset[int]:
         low = _atoi(low_text, text)
         high = _atoi(high_text, text) if dash else low
         if low > high:
-            raise SourceCorrupt(f"bad CPU range {item[:64]!r} in CPU set", error_type=INVALID_VALUE)
+            raise SourceCorrupt("bad CPU range in CPU set", error_type=INVALID_VALUE)
         if low < 0 or high > MAX_CPU_ID:
-            raise SourceCorrupt(f"CPU id out of range in CPU set {text[:64]!r}", error_type=INVALID_VALUE)
+            raise SourceCorrupt("CPU id out of range in CPU set", error_type=INVALID_VALUE)
+        if high > limit:
+            raise SourceCorrupt("a CPU the machine does not have", error_type=OUT_OF_RANGE)
         cpus.update(range(low, high + 1))
     return frozenset(cpus)
 

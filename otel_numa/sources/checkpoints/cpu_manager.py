@@ -16,6 +16,8 @@ each is tried. A stored checksum of 0 is accepted, as by the kubelet (``checksum
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 from otel_numa.model import CpuManagerState, shared_name
@@ -46,6 +48,7 @@ from otel_numa.sources.checkpoints.gojson import (
     zero_value,
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceError
+from otel_numa.sources.files import MAX_CPU_ID, OUT_OF_RANGE
 
 WHAT = "cpu_manager_state"
 
@@ -67,8 +70,10 @@ def _decode_pod_entry(decoder: GoDecoder, node: object, current: StructValue) ->
     raw = decoder.decode(_POD_ENTRY_JSON, node, zero_value(_POD_ENTRY_JSON))
     assert isinstance(raw, dict)
     try:
-        cpus = parse_go_cpuset(str(raw["CPUSet"]))
+        cpus = _charged_cpuset(str(raw["CPUSet"]))
     except SourceCorrupt as exc:
+        if exc.error_type == OUT_OF_RANGE:
+            raise
         decoder.error(f"pod entry: {exc}")
         return current
     return {"CPUSet": {"elems": {cpu: {} for cpu in cpus}}}
@@ -136,11 +141,49 @@ _V3 = _layout("v3", "CPUManagerCheckpointV3", _ENTRIES_V2, pod_entries=True)
 # ----------------------------------------------------------------------------------------- reading
 
 
+# CPU ids a whole file may list, summed over its sets (and over the layouts tried): the kubelet's sets are
+# disjoint slices of one machine (v3/v4 pod pools repeat their containers' CPUs), so a valid file lists each
+# CPU a few times at most. A 3.6 KB file of 200 sets "0-65535" would otherwise expand to 13 million ids.
+LISTED_PER_CPU = 8
+
+
+@dataclass(slots=True)
+class _Budget:
+    highest_cpu: int  # the machine's highest CPU id (MAX_CPU_ID when not known)
+    listed_left: int
+
+
+_budget: ContextVar[_Budget] = ContextVar("cpu_manager_budget")
+
+
+def _charged_cpuset(text: str) -> frozenset[int]:
+    """``parse_go_cpuset`` bounded by the machine, and charged to this file's budget of listed CPU ids."""
+    budget = _budget.get(None)
+    cpus = parse_go_cpuset(text, budget.highest_cpu if budget is not None else MAX_CPU_ID)
+    if budget is not None:
+        budget.listed_left -= len(cpus)
+        if budget.listed_left < 0:
+            raise SourceCorrupt(
+                f"{WHAT}: its CPU sets list more CPUs than the machine has", error_type=OUT_OF_RANGE
+            )
+    return cpus
+
+
 def _cpus(text: object, where: str) -> frozenset[int]:
     try:
-        return parse_go_cpuset(str(text))
+        return _charged_cpuset(str(text))
     except SourceCorrupt as exc:
+        if exc.error_type == OUT_OF_RANGE:
+            raise
         raise SourceCorrupt(f"{WHAT}: {where}: {exc}", error_type=INVALID_VALUE) from exc
+
+
+def cpus_beyond(state: CpuManagerState, highest_cpu: int) -> bool:
+    """Whether ``state`` names a CPU above ``highest_cpu`` (the machine's highest): the file is then not
+    this machine's, and rejected whole."""
+    sets = [state.default_cpu_set, *state.pod_entries.values()]
+    sets += [cpus for containers in state.entries.values() for cpus in containers.values()]
+    return any(cpus and max(cpus) > highest_cpu for cpus in sets)
 
 
 def _state(verified: Verified) -> CpuManagerState:
@@ -181,6 +224,20 @@ def _state(verified: Verified) -> CpuManagerState:
 
 def parse_cpu_manager_state(data: bytes) -> CpuManagerState:
     """Decode and verify a CPU manager checkpoint; raises SourceCorrupt when the kubelet would refuse it."""
+    return parse_cpu_manager_state_within(data, MAX_CPU_ID)
+
+
+def parse_cpu_manager_state_within(data: bytes, highest_cpu: int) -> CpuManagerState:
+    """:func:`parse_cpu_manager_state`, with ``out_of_range`` for a CPU above ``highest_cpu`` (the machine's
+    highest), found before any CPU set is expanded."""
+    token = _budget.set(_Budget(highest_cpu, LISTED_PER_CPU * (highest_cpu + 1)))
+    try:
+        return _parse(data)
+    finally:
+        _budget.reset(token)
+
+
+def _parse(data: bytes) -> CpuManagerState:
     try:
         top = parse_top_object(data, WHAT)
         verified = verify_data_layout(top, _V4_TOP, _V4_DATA, _with_empty_maps, "v4", WHAT)
@@ -195,10 +252,10 @@ def parse_cpu_manager_state(data: bytes) -> CpuManagerState:
         raise SourceCorrupt(f"{WHAT}: {exc}", error_type=PARSE_ERROR) from exc
 
 
-def read_cpu_manager_state(path: Path) -> CpuManagerState:
+def read_cpu_manager_state(path: Path, highest_cpu: int = MAX_CPU_ID) -> CpuManagerState:
     """Read and verify ``path`` (read-only); SourceMissing when it does not exist."""
     data = read_checkpoint_bytes(path)
     try:
-        return parse_cpu_manager_state(data)
+        return parse_cpu_manager_state_within(data, highest_cpu)
     except SourceError as exc:
         raise with_path(path, exc) from exc

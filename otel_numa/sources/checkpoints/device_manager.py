@@ -126,7 +126,7 @@ def _entry(raw: StructValue, flat: bool) -> DeviceEntry:
     return DeviceEntry(
         pod_uid=shared_name(str(raw["PodUID"])),
         container_name=shared_name(str(raw["ContainerName"])),
-        resource_name=str(raw["ResourceName"]),
+        resource_name=shared_name(str(raw["ResourceName"])),
         devices_by_numa=by_numa,
     )
 
@@ -137,7 +137,7 @@ def _state(verified: Verified) -> DeviceManagerState:
     registered = cast(dict[str, object], data["RegisteredDevices"] or {})
     return DeviceManagerState(
         entries=tuple(_entry(raw, flat=verified.layout == "v1") for raw in raw_entries),
-        registered_devices={resource: _strings(ids) for resource, ids in registered.items()},
+        registered_devices={shared_name(resource): _strings(ids) for resource, ids in registered.items()},
         layout=verified.layout,
     )
 
@@ -159,3 +159,10 @@ def read_device_checkpoint(path: Path) -> DeviceManagerState:
         return parse_device_checkpoint(data)
     except SourceError as exc:
         raise with_path(path, exc) from exc
+
+
+def nodes_beyond(state: DeviceManagerState, node_ids: frozenset[int]) -> bool:
+    """Whether ``state`` files a device under a NUMA node that is not among ``node_ids`` (the machine's) nor
+    ``-1``: the file is then not this machine's, and rejected whole."""
+    known = node_ids | {NO_NUMA_AFFINITY}
+    return any(not known.issuperset(entry.devices_by_numa) for entry in state.entries)

@@ -365,7 +365,7 @@ def _map_decoder(go_type: GoMap) -> Decode:
             if isinstance(key_type, GoInt):
                 number = parse_integer(key, key_type)
                 if number is None:
-                    decoder.error(f"cannot decode map key {key[:32]!r} into Go type {key_type.name}")
+                    decoder.error(f"cannot decode a map key into Go type {key_type.name}")
                     continue
                 result[number] = value
             else:

@@ -255,3 +255,15 @@ def read_memory_manager_state(path: Path) -> MemoryManagerState:
         return parse_memory_manager_state(data)
     except SourceError as exc:
         raise with_path(path, exc) from exc
+
+
+def nodes_beyond(state: MemoryManagerState, node_ids: frozenset[int]) -> bool:
+    """Whether ``state`` names a NUMA node that is not among ``node_ids`` (the machine's): the file is then
+    not this machine's, and rejected whole."""
+    blocks = [
+        block for containers in state.entries.values() for found in containers.values() for block in found
+    ]
+    blocks += [block for found in state.pod_entries.values() for block in found]
+    return not node_ids.issuperset(state.machine_state) or any(
+        not node_ids.issuperset(block.numa_affinity) for block in blocks
+    )

@@ -1,0 +1,66 @@
+"""A build that hangs costs a collection at most the store's wait; the last good snapshot is served, aged."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from otel_numa.model import Allocation
+from otel_numa.snapshot.source_status import SourceReport
+from otel_numa.snapshot.store import Snapshot, SnapshotStore
+
+
+def test_a_hanging_build_serves_the_last_snapshot_aged_to_now() -> None:
+    release = threading.Event()
+    hang = threading.Event()
+    built: list[float] = []
+
+    def build() -> Snapshot:
+        if hang.is_set():
+            release.wait(30)
+        built.append(time.monotonic())
+        source = SourceReport("sysfs", last_good=built[-1])
+        return Snapshot(taken_at=built[-1], machine=None, allocation=Allocation(), sources=(source,))
+
+    store = SnapshotStore(build, fresh_wait_s=0.2)
+    first = store.refresh()
+    assert store.ready and store.stalled_for() == 0.0
+    hang.set()
+    try:
+        started = time.monotonic()
+        with store.pinned() as served:
+            waited = time.monotonic() - started
+        assert 0.15 < waited < 2.0
+        assert served.allocation is first.allocation and served.taken_at > first.taken_at
+        assert served.source_ages()["sysfs"] >= 0.15
+
+        started = time.monotonic()
+        with store.pinned():  # the build is known to hang: no wait at all
+            assert time.monotonic() - started < 0.15
+        assert store.stalled_for() >= 0.2
+    finally:
+        release.set()
+    fresh = store.refresh(wait_s=None)
+    assert fresh.taken_at > first.taken_at and store.stalled_for() == 0.0
+
+
+def test_a_collection_waits_for_a_build_that_starts_after_its_request() -> None:
+    """A collection never gets a build that began before it asked: a file changed just before still
+    shows."""
+    generation = [0]
+    started = threading.Event()
+    proceed = threading.Event()
+
+    def build() -> Snapshot:
+        generation[0] += 1
+        if generation[0] == 2:  # the second build is slow; a request made during it waits for a third
+            started.set()
+            proceed.wait(5)
+        return Snapshot(taken_at=float(generation[0]), machine=None, allocation=Allocation(), sources=())
+
+    store = SnapshotStore(build, fresh_wait_s=5)
+    store.refresh()
+    threading.Thread(target=store.refresh, daemon=True).start()
+    assert started.wait(5)
+    threading.Timer(0.1, proceed.set).start()
+    assert store.refresh().taken_at == 3.0
