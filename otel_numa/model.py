@@ -43,7 +43,7 @@ _shared_sets: Interned[frozenset[int]] = Interned(limit=4096)
 
 
 # Longest name kept, in characters: Kubernetes names are at most 253 (a pod's), namespaces and container
-# names 63, UIDs 36, container ids 64. A longer one is cut to this length (docs/decisions-hostile-input.md).
+# names 63, UIDs 36, container ids 64. A longer one is cut to this length (docs/decisions/hostile-input.md).
 MAX_NAME_LENGTH = 253
 
 

@@ -27,7 +27,7 @@ MAX_CPU_ID = 65535
 # Highest NUMA node id of any Linux kernel: MAX_NUMNODES is at most 1024 (CONFIG_NODES_SHIFT <= 10).
 MAX_NUMA_NODE_ID = 1023
 
-# Byte caps per kind of file, far above any real one (docs/decisions-hostile-input.md): a larger file is
+# Byte caps per kind of file, far above any real one (docs/decisions/hostile-input.md): a larger file is
 # rejected whole as ``too_large`` after reading one byte past the cap, so a sparse 1 GB file costs no more
 # memory than the cap. A sysfs attribute is at most one page (4 KiB, 64 KiB on some arm64 kernels).
 SYSFS_FILE_BYTES = 1 << 20

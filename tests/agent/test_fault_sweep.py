@@ -12,9 +12,10 @@ empty, garbage, truncated (cut inside a line) and a directory, one at a time. Ea
 - the error counter of the file's source moves (a missing file is never an error, and a file the agent does
   not read moves nothing); the other sources' counters and every stage's success stay as they were.
 
-"Depends on" is :func:`cost_of`, written from the table "What a broken file costs" of docs/decisions.md,
-not from the code. Files are sampled deterministically: every kind of file the agent reads (``nodeN/meminfo``,
-``cpuN/online``, ...) twice per tree, and three files per tree that it does not read.
+"Depends on" is :func:`cost_of`, written from the table "What a broken file costs" of
+docs/decisions/collection.md, not from the code. Files are sampled deterministically: every kind of file
+the agent reads (``nodeN/meminfo``, ``cpuN/online``, ...) twice per tree, and three files per tree that it
+does not read.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from tests.paths import FIXTURES
 SWEPT = ("sys/devices/system/node", "sys/devices/system/cpu", "proc/stat", "proc/meminfo")
 KUBELET_FILES = ("cpu_manager_state", "memory_manager_state", "device-plugins/kubelet_internal_checkpoint")
 
-# --- the dependency rule: docs/decisions.md, "What a broken file costs" ---
+# --- the dependency rule: docs/decisions/collection.md, "What a broken file costs" ---
 
 CPU_SERIES = (
     "numa_cpu_capacity",
@@ -102,7 +103,8 @@ NOTHING = Cost("sysfs", lambda _name, _labels: False, read=False)
 
 
 def cost_of(tree: Path, relative: str) -> Cost:
-    """The table of docs/decisions.md as code: what breaking ``relative`` (under the tree's top) may cost."""
+    """The table of docs/decisions/collection.md as code: what breaking ``relative`` (under the tree's top)
+    may cost."""
     sysfs, numa = tree / "sys", (tree / "sys/devices/system/node").is_dir()
     if relative == "proc/stat":
         return Cost("procfs", _names("numa_cpu_time_seconds_total"))
@@ -273,7 +275,7 @@ def _devices_tree(base: Path) -> Tree:
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:
-    """The rule itself, on a few paths whose costs docs/decisions.md states in words."""
+    """The rule itself, on a few paths whose costs docs/decisions/collection.md states in words."""
     (tmp_path / "sys/devices/system/node/node3").mkdir(parents=True)
     (tmp_path / "sys/devices/system/node/node3/cpulist").write_text("0-3\n")
     (tmp_path / "sys/devices/system/cpu").mkdir(parents=True)

@@ -34,7 +34,7 @@ INVALID_VALUE = "invalid_value"  # verified, but a value the kubelet itself woul
 # Real checkpoints are kilobytes (a node of 110 pods: ~10 KB of CPU sets, ~60 KB of memory blocks, devices
 # with their allocate responses up to ~1 MB). Parsing costs ~25 bytes of heap per byte of JSON of small
 # objects, so the cap keeps a runaway file's parse (~55 MB at most) inside the chart's 128 Mi limit
-# (docs/decisions-hostile-input.md).
+# (docs/decisions/hostile-input.md).
 MAX_CHECKPOINT_BYTES = 2 * 1024 * 1024
 
 
