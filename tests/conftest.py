@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from otel_numa.testing.fault_sweep import SWEEP_SUMMARY
 from otel_numa.testing.hwloc import extract_snapshot
+from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 
 KINDS = ("unit", "agent", "e2e", "deploy")
 
@@ -45,3 +47,13 @@ def quiet_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture
+def podresources_server() -> Iterator[PodResourcesServer]:
+    """The kubelet's podresources API, served from the published proto by a test server, on a socket in a
+    short directory (unix socket paths are limited to 108 bytes)."""
+    directory = short_socket_dir()
+    with PodResourcesServer(directory / "kubelet.sock") as server:
+        yield server
+    shutil.rmtree(directory, ignore_errors=True)

@@ -16,9 +16,9 @@ import pytest
 
 from otel_numa.instruments import catalogue
 from otel_numa.testing.cri_server import CriServer, one_running_container
+from otel_numa.testing.demo import DEMO, demo_podresources_state
 from otel_numa.testing.peers import REPO, http_get, run_agent, run_prometheus, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
-from tests.e2e.test_dashboard_live import DEMO, demo_podresources_state
 
 WEB_UID = "6f1c1e4e-3d4b-4c55-9a57-0d7f4c2b1a01"  # config/demo: default/web-0, container app
 

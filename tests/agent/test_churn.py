@@ -4,9 +4,7 @@ podresources server; the agent's scheduler tasks are run by hand, one round per 
 from __future__ import annotations
 
 import gc
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,19 +14,11 @@ from prometheus_client import generate_latest
 from otel_numa.daemon.agent import Agent
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.testing.kubelet_scenario import KubeletScenario, build_scenario, parse_exposition, series
-from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.testing.podresources_server import PodResourcesServer
 from otel_numa.testing.sysfs_tree import uniform_nodes
 
 BATCH = 100
 CARDINALITY_LIMIT = 1_000  # far below the 5,000 pods the agent sees over its life
-
-
-@pytest.fixture
-def server() -> Iterator[PodResourcesServer]:
-    directory = short_socket_dir()
-    with PodResourcesServer(directory / "kubelet.sock") as server:
-        yield server
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def uid(index: int) -> str:
@@ -36,8 +26,8 @@ def uid(index: int) -> str:
 
 
 class Churn:
-    def __init__(self, node: KubeletScenario, server: PodResourcesServer, agent: Agent) -> None:
-        self.node, self.server, self.agent = node, server, agent
+    def __init__(self, node: KubeletScenario, podresources_server: PodResourcesServer, agent: Agent) -> None:
+        self.node, self.podresources_server, self.agent = node, podresources_server, agent
         self.batch = 0
 
     def next_batch(self) -> str:
@@ -57,7 +47,7 @@ class Churn:
                     containers=[pb.ContainerResources(name="main", cpu_ids=[index % 8])],
                 )
             )
-        self.server.state.pods = pods
+        self.podresources_server.state.pods = pods
         self.batch += 1
         assert self.agent.scheduler is not None
         self.agent.scheduler.run_once()
@@ -65,9 +55,11 @@ class Churn:
         return generate_latest(self.agent.pipeline.registry).decode()
 
 
-def started_agent(node: KubeletScenario, server: PodResourcesServer, fast_path: str = "auto") -> Agent:
+def started_agent(
+    node: KubeletScenario, podresources_server: PodResourcesServer, fast_path: str = "auto"
+) -> Agent:
     agent = node.agent(
-        podresources_socket=str(server.socket_path),
+        podresources_socket=str(podresources_server.socket_path),
         cardinality_limit=CARDINALITY_LIMIT,
         interval=3600,  # the scheduler's own first round only; the test runs the others
         fast_path=fast_path,
@@ -80,15 +72,15 @@ def started_agent(node: KubeletScenario, server: PodResourcesServer, fast_path: 
 
 
 def batches_without_live_pods(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
+    tmp_path: Path, podresources_server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
 ) -> list[str]:
     """The pages of 11 batches (more pods than the cardinality limit); the pipeline never hears who lives."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server, fast_path)
+    agent = started_agent(node, podresources_server, fast_path)
     monkeypatch.setattr(agent.background, "report_live_pods", lambda: None)
     assert agent.scheduler is not None
     agent.scheduler._tasks = [*agent.background.tasks, agent._push]
-    churn = Churn(node, server, agent)
+    churn = Churn(node, podresources_server, agent)
     try:
         return [churn.next_batch() for _ in range(CARDINALITY_LIMIT // BATCH + 1)]
     finally:
@@ -102,15 +94,15 @@ def rss() -> int:
 
 @pytest.mark.parametrize("fast_path", ["auto", "off"])
 def test_five_thousand_pods_leave_no_overflow_no_stale_series_and_no_leak(
-    tmp_path: Path, server: PodResourcesServer, fast_path: str
+    tmp_path: Path, podresources_server: PodResourcesServer, fast_path: str
 ) -> None:
     """The fast path forgets departed pods' series in place; the public path rebuilds its readers once as
     many pods departed as live (otel_numa.export.rebuild)."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
-    agent = started_agent(node, server, fast_path)
+    agent = started_agent(node, podresources_server, fast_path)
     assert agent.pipeline is not None
     assert bool(agent.pipeline.fast_path) is (fast_path == "auto")
-    churn = Churn(node, server, agent)
+    churn = Churn(node, podresources_server, agent)
     try:
         churn.next_batch()
         after_first_100 = rss()
@@ -137,10 +129,10 @@ def test_five_thousand_pods_leave_no_overflow_no_stale_series_and_no_leak(
 
 @pytest.mark.parametrize("fast_path", ["auto", "off"])
 def test_without_forgetting_the_sdk_folds_new_pods_into_overflow(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
+    tmp_path: Path, podresources_server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, fast_path: str
 ) -> None:
     """The control: the SDK's behaviour the design works around (so the test above can fail), when the
     pipeline never hears which pods live."""
-    texts = batches_without_live_pods(tmp_path, server, monkeypatch, fast_path)
+    texts = batches_without_live_pods(tmp_path, podresources_server, monkeypatch, fast_path)
     assert "otel_metric_overflow" not in texts[0]
     assert "otel_metric_overflow" in texts[-1]

@@ -4,41 +4,17 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from otel_numa.cli.main import load_settings, settings_markdown
 from otel_numa.cli.settings import FLAGS, Settings
 from otel_numa.instruments import catalogue
 from otel_numa.instruments.catalogue import MetricGroup
-from tests.paths import REPO
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "otel_numa", *args],
-        capture_output=True,
-        text=True,
-        env=clean,
-        cwd=REPO,
-        timeout=60,
-    )
-
-
-def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    result: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            result.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return result
+from tests.support import REPO, run_cli, samples
 
 
 def node_mem_totals() -> dict[int, int]:

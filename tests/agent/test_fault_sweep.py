@@ -44,7 +44,7 @@ from otel_numa.testing.fault_sweep import (
 from otel_numa.testing.hwloc import extract_snapshot, snapshot_names
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 from otel_numa.testing.sysfs_tree import NodeSpec, write_machine
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 SWEPT = ("sys/devices/system/node", "sys/devices/system/cpu", "proc/stat", "proc/meminfo")
 KUBELET_FILES = ("cpu_manager_state", "memory_manager_state", "device-plugins/kubelet_internal_checkpoint")

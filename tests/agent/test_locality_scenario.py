@@ -23,7 +23,7 @@ from otel_numa.testing.checkpoints import write_cpu_manager_state, write_memory_
 from otel_numa.testing.kubelet_scenario import KubeletScenario, ScenarioPod, build_scenario, labels, series
 from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
 from otel_numa.testing.sysfs_tree import uniform_nodes
-from tests.paths import REPO
+from tests.support import REPO
 
 MIB = 1 << 20
 GIB = 1 << 30

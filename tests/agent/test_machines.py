@@ -9,7 +9,7 @@ from pathlib import Path
 from otel_numa.sources import sysfs
 from otel_numa.testing.hwloc import hwloc_topology
 from otel_numa.testing.peers import REPO
-from tests.agent.test_cli import run_cli, samples
+from tests.support import run_cli, samples
 
 MACHINES = REPO / "tests" / "fixtures" / "machines"
 

@@ -5,9 +5,7 @@ output is the public libraries' own."""
 from __future__ import annotations
 
 import re
-import shutil
 import tomllib
-from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from packaging.requirements import Requirement
 from otel_numa.export.fast import PATCHES, PROVEN_RELEASES, choose, shape_problem
 from otel_numa.export.fast.forget_departed import DepartedSeriesJanitor
 from otel_numa.testing.peers import REPO
+from tests.support import generations
 
 
 def small_node(root: Path, **settings: Any) -> tuple[Any, Any]:
@@ -32,18 +31,6 @@ def small_node(root: Path, **settings: Any) -> tuple[Any, Any]:
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(root, spec)
     return node, Agent(Settings(**node.settings_values(), **settings).to_options())  # type: ignore[arg-type]
-
-
-def generations(node: Any, agent: Any) -> Iterator[int]:
-    """Five states of ``node``, each read by ``agent`` before it is yielded: 0 and 1 the same, 2 and 3 new
-    cgroup values for the same series, 4 one pod fewer."""
-    for generation in range(5):
-        if generation in (2, 3):
-            node.write_cgroup_usage(generation)
-        if generation == 4:
-            shutil.rmtree(next((node.root / "pod-logs").iterdir()))
-        agent.refresh_background()
-        yield generation
 
 
 def calls_to(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[Any, ...]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_numa.testing.peers import agent_command, free_port, run_agent
-from tests.paths import REPO
+from tests.support import REPO
 
 
 @pytest.mark.parametrize(

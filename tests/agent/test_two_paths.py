@@ -27,9 +27,10 @@ from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.testing.kubelet_scenario import build_scenario, series
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 from otel_numa.testing.peers import http_get
-from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
+from otel_numa.testing.podresources_server import PodResourcesServer
 from otel_numa.testing.sysfs_tree import uniform_nodes
 from otel_numa.testing.wsgi import call_wsgi
+from tests.support import generations
 
 FORMATS = ("", "application/openmetrics-text; version=1.0.0")  # the default is the plain text format
 
@@ -128,12 +129,7 @@ def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(tmp
     both = Both(agent)
     pages = []
     try:
-        for generation in range(5):
-            if generation in (2, 3):
-                node.write_cgroup_usage(generation)
-            if generation == 4:
-                shutil.rmtree(next((node.root / "pod-logs").iterdir()))
-            agent.refresh_background()
+        for generation in generations(node, agent):
             pages.append(both.compare(generation))
             both.forget_departed()
             both.compare((generation, "after forgetting"))
@@ -164,25 +160,19 @@ def test_real_machines_give_the_same_pages_and_requests(
     assert b"numa_memory_capacity_bytes{" in page
 
 
-@pytest.fixture
-def server() -> Iterator[PodResourcesServer]:
-    directory = short_socket_dir()
-    with PodResourcesServer(directory / "kubelet.sock") as server:
-        yield server
-    shutil.rmtree(directory, ignore_errors=True)
-
-
 def churn_uid(index: int) -> str:
     return f"c0ffee00-0000-4000-8000-{index:012d}"
 
 
-def test_pod_churn_gives_the_same_pages_and_requests(tmp_path: Path, server: PodResourcesServer) -> None:
+def test_pod_churn_gives_the_same_pages_and_requests(
+    tmp_path: Path, podresources_server: PodResourcesServer
+) -> None:
     """Batches of pods replace each other through a real podresources server: the fast path forgets
     departed pods in place, the public path rebuilds its readers (every third batch here: once as many
     pods departed as live)."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
     settings = node.settings(
-        podresources_socket=str(server.socket_path), disable="health", cardinality_limit=1_000
+        podresources_socket=str(podresources_server.socket_path), disable="health", cardinality_limit=1_000
     )
     agent = Agent(settings.to_options())
     both = Both(agent)
@@ -194,7 +184,7 @@ def test_pod_churn_gives_the_same_pages_and_requests(tmp_path: Path, server: Pod
             indices = range(round_ * batch, (round_ + 1) * batch)
             for index in indices:
                 (node.pod_logs_root / f"churn_job-{index}_{churn_uid(index)}").mkdir()
-            server.state.pods = [
+            podresources_server.state.pods = [
                 pb.PodResources(
                     name=f"job-{index}",
                     namespace="churn",
@@ -215,7 +205,7 @@ def test_pod_churn_gives_the_same_pages_and_requests(tmp_path: Path, server: Pod
 
 
 def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, podresources_server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With delta temporality, the public path's rebuilds neither lose nor repeat a delta: per series, the
     deltas pushed add up to what the fast path's add up to."""

@@ -21,7 +21,7 @@ import yaml
 
 from otel_numa.instruments import catalogue
 from otel_numa.testing.peers import require_binary
-from tests.paths import REPO
+from tests.support import REPO
 
 RULES = REPO / "config" / "prometheus" / "otel-numa.rules.yaml"
 RULE_TESTS = REPO / "config" / "prometheus" / "otel-numa.rules.test.yaml"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from otel_numa.instruments import catalogue
-from tests.paths import REPO
+from tests.support import REPO
 
 DASHBOARD = REPO / "config" / "grafana" / "dashboards" / "otel-numa.json"
 

@@ -28,7 +28,7 @@ from otel_numa.cli.settings import Settings
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.testing.compose import interpolate
 from otel_numa.testing.kubelet_scenario import labels, series
-from tests.paths import FIXTURES, REPO
+from tests.support import FIXTURES, REPO
 
 COMPOSE = REPO / "docker-compose.yaml"
 COMPOSE_SCHEMA = FIXTURES / "schemas" / "compose-spec.json"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from otel_numa.cli.main import load_settings
-from tests.paths import REPO
+from tests.support import REPO
 
 MANIFESTS = REPO / "config" / "kubernetes"
 KUSTOMIZATION = MANIFESTS / "kustomization.yaml"

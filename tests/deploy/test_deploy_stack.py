@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from otel_numa.testing.peers import http_get, wait_for
-from tests.paths import REPO
+from tests.support import REPO
 
 README = REPO / "README.md"
 DEMO_MEMORY_MANAGER = REPO / "config" / "demo" / "kubelet" / "memory_manager_state"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import REPO
+from tests.support import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"

@@ -28,7 +28,7 @@ from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
 from otel_numa.instruments import catalogue
 from otel_numa.testing import certs
-from tests.paths import FIXTURES, REPO
+from tests.support import FIXTURES, REPO
 
 CHART = REPO / "config" / "helm" / "otel-numa"
 KUSTOMIZE_BASE = REPO / "config" / "kubernetes"

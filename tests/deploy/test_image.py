@@ -41,7 +41,7 @@ from otel_numa.testing.compose import interpolate
 from otel_numa.testing.kubelet_scenario import labels, series
 from otel_numa.testing.peers import http_get, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
-from tests.paths import REPO
+from tests.support import REPO
 
 COMPOSE = REPO / "docker-compose.yaml"
 DAEMONSET = REPO / "config" / "kubernetes" / "daemonset.yaml"

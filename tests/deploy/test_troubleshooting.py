@@ -10,7 +10,7 @@ from pathlib import Path
 
 from otel_numa.instruments import catalogue
 from otel_numa.instruments.catalogue import MetricGroup
-from tests.paths import REPO
+from tests.support import REPO
 
 GUIDE = (REPO / "docs" / "troubleshooting.md").read_text()
 

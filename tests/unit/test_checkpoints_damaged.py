@@ -23,7 +23,7 @@ from otel_numa.sources.checkpoints import (
 )
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
 from otel_numa.testing.dra_checkpoint import parse_dra_checkpoint, read_dra_checkpoint
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 KUBELET = FIXTURES / "kubelet"
 

@@ -35,7 +35,7 @@ from otel_numa.sources.checkpoints.gospew import fnv1a_32, spew_text
 from otel_numa.sources.errors import SourceCorrupt
 from otel_numa.testing.checkpoints import fnv1a_32 as independent_fnv1a_32
 from otel_numa.testing.dra_checkpoint import DraManagerState, parse_dra_checkpoint, read_dra_checkpoint
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 KUBELET = FIXTURES / "kubelet"
 

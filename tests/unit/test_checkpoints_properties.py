@@ -45,7 +45,7 @@ from otel_numa.testing.checkpoints import (
     write_memory_manager_state,
 )
 from otel_numa.testing.dra_checkpoint import parse_dra_checkpoint
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 KUBELET = FIXTURES / "kubelet"
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -26,7 +26,7 @@ from otel_numa.sources.cri import (
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 from otel_numa.testing.cri_server import CriServer, CriState, RuntimeContainer
 from otel_numa.testing.podresources_server import short_socket_dir
-from tests.paths import REPO
+from tests.support import REPO
 
 CHECKOUT_SANDBOX = "3c1f0a9be2d84c6f8a7b5e4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0f"
 CHECKOUT_APP = "9a8b7c6d5e4f30211f2e3d4c5b6a79880f1e2d3c4b5a69788796a5b4c3d2e1f0"

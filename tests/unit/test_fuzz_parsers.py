@@ -58,7 +58,7 @@ from otel_numa.testing.kubelet_scenario import (
     series,
 )
 from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 FUZZ = settings(
     max_examples=150,

@@ -16,7 +16,7 @@ from otel_numa.testing.device_tree import add_pci_function
 from otel_numa.testing.hwloc import lstopo_pci_counts
 from otel_numa.testing.kubelet_scenario import build_scenario, counted_errors, labels, series
 from otel_numa.testing.sysfs_tree import uniform_nodes
-from tests.paths import FIXTURES
+from tests.support import FIXTURES
 
 MACHINES = FIXTURES / "machines"
 HWLOC_PCI = FIXTURES / "hwloc-pci"

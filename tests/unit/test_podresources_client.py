@@ -28,7 +28,7 @@ from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 from otel_numa.sources.podresources import PodResourcesClient
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
-from tests.paths import REPO
+from tests.support import REPO
 
 GiB = 1024**3
 MiB = 1024**2

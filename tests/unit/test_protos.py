@@ -20,7 +20,7 @@ from otel_numa.proto import cri_runtime_v1_pb2 as cri
 from otel_numa.proto import cri_runtime_v1_pb2_grpc as cri_grpc
 from otel_numa.proto import podresources_v1_pb2 as podresources
 from otel_numa.proto import podresources_v1_pb2_grpc as podresources_grpc
-from tests.paths import REPO
+from tests.support import REPO
 
 PROTO_DIR = REPO / "otel_numa" / "proto"
 GEN_SCRIPT = REPO / "scripts" / "gen_protos.sh"
