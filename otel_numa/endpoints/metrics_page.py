@@ -21,6 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import gzip_accepted
 
+from otel_numa.endpoints.render_guard import RenderGuard
 from otel_numa.endpoints.serving import REQUEST_TIMEOUT_S, PooledMixIn, Serving
 from otel_numa.options import TlsOptions
 
@@ -212,7 +213,8 @@ class MetricsServer:
         if after_response is not None:
             self._httpd.after_response = after_response
         page = app if app is not None else make_wsgi_app(registry, disable_compression=True)
-        self._httpd.set_app(compressing(page))
+        self.render_guard = RenderGuard(page, registry)
+        self._httpd.set_app(compressing(self.render_guard))
         self._watcher: threading.Thread | None = None
         if self._reloader is not None:
             # Each handshake starts on the listening context (which fixes whether a client certificate is
