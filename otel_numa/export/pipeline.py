@@ -36,6 +36,7 @@ from otel_numa.export.fast.rendered_families import WSGIApp, page_app
 from otel_numa.export.fast.repeated_points import repeat_points
 from otel_numa.export.fast.reused_translations import reuse_translations
 from otel_numa.export.fast.shared_collection import SharedPrometheusReader
+from otel_numa.export.fast.slim_series import slim_series
 from otel_numa.export.rebuild import RebuildPlan
 from otel_numa.export.temporality import Temporality, is_cumulative, preferred_temporality
 from otel_numa.instruments import register_instruments
@@ -331,6 +332,8 @@ def build_pipeline(
             options.node_name,
             fast_path=bool(fast),
         )
+        if fast.on("slim_series"):
+            slim_series(provider, _NO_EXEMPLARS)  # where no exemplar is sampled
         if fast.on("repeated_points"):
             repeat_points(provider)  # only where the page's reader is the only one
         janitor = DepartedSeriesJanitor(provider) if fast.on("forget_departed") else None

@@ -21,6 +21,7 @@ from otel_numa.export.fast import (
     repeated_points,
     reused_translations,
     shared_collection,
+    slim_series,
 )
 from otel_numa.export.fast.patch import Patch
 
@@ -38,6 +39,7 @@ PROVEN_RELEASES: Mapping[str, str] = {
 PATCHES: tuple[Patch, ...] = (
     forget_departed.PATCH,
     shared_collection.PATCH,
+    slim_series.PATCH,
     repeated_points.PATCH,
     reused_translations.PATCH,
     rendered_families.PATCH,

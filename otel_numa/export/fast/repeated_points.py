@@ -24,7 +24,9 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
 
+from otel_numa.export.fast.new_matches import on_new_matches
 from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.slim_series import PLAIN_POINTS, SlimMeasurements, slim_point
 from otel_numa.instruments.observations import Observations
 
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
@@ -44,9 +46,7 @@ class _Collected:
     def points(self, time: int) -> list[NumberDataPoint]:
         """The points again, at ``time``."""
         return [
-            NumberDataPoint(
-                attributes=attributes, start_time_unix_nano=start, time_unix_nano=time, value=value
-            )
+            slim_point(attributes, start, time, value)
             for attributes, start, value in zip(self.attributes, self.starts, self.values, strict=True)
         ]
 
@@ -97,7 +97,7 @@ class _ReusedMeasurements:
         self._instrument = weakref.ref(instrument)
         self._callback = callback  # the SDK's, bound to the instrument
         self._unchanged = unchanged
-        self._made: tuple[object, list[Any]] | None = None  # the last observations and their Measurements
+        self._made: tuple[object, Iterable[Any]] | None = None  # the last observations and their Measurements
 
     def __call__(self, callback_options: Any) -> Iterable[Any]:
         instrument = self._instrument()
@@ -120,7 +120,9 @@ class _ReusedMeasurements:
         # the SDK's loop over these observations; collections run one at a time (the consumer's lock)
         instrument._callbacks = [lambda _options: observations]
         try:
-            measurements = list(self._callback(callback_options))
+            handed = self._callback(callback_options)
+            # slim Measurements (``slim_series``) are made again from the observations when read
+            measurements = handed if type(handed) is SlimMeasurements else list(handed)
         finally:
             instrument._callbacks = callbacks
         if isinstance(observations, (list, Observations)):
@@ -154,7 +156,7 @@ class _RepeatedPoints:
             and temporality is _CUMULATIVE
             and isinstance(points, list)
             and points
-            and all(type(point) is NumberDataPoint and not point.exemplars for point in points)
+            and all(type(point) in PLAIN_POINTS and not point.exemplars for point in points)
         ):
             unchanged.last[instrument] = _Collected(
                 handed,
@@ -180,16 +182,11 @@ def repeat_points(provider: Any) -> bool:
     unchanged = _Unchanged(storage)
     for instrument in list(consumer._async_instruments):
         instrument.callback = _ReusedMeasurements(instrument, instrument.callback, unchanged)
-    matches_for = storage._get_or_init_view_instrument_match
 
-    def patched_matches(instrument: Any) -> Any:
-        matches = matches_for(instrument)
-        for match in matches:
-            if not isinstance(vars(match).get("collect"), _RepeatedPoints):
-                match.collect = _RepeatedPoints(match, match.collect, unchanged)
-        return matches
+    def patch_match(match: Any) -> None:
+        match.collect = _RepeatedPoints(match, match.collect, unchanged)
 
-    storage._get_or_init_view_instrument_match = patched_matches
+    on_new_matches(storage, consumer._async_instruments, patch_match)
     return True
 
 
