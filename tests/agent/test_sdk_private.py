@@ -84,7 +84,13 @@ def test_every_patch_passes_its_check_and_auto_turns_them_all_on() -> None:
     assert choose("auto").patches == {patch.name for patch in PATCHES}
     assert not choose("off")
     off = choose("auto", {"OTEL_NUMA_FAST_PATH_PATCHES_OFF": "rendered_families, shared_collection"})
-    assert off.patches == {"forget_departed", "slim_series", "repeated_points", "reused_translations"}
+    assert off.patches == {
+        "forget_departed",
+        "slim_series",
+        "repeated_points",
+        "reused_translations",
+        "reused_requests",
+    }
 
 
 def test_the_janitor_finds_the_sdk_shape_it_needs_and_forgets_only_departed_pods() -> None:

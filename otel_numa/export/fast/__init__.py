@@ -19,6 +19,7 @@ from otel_numa.export.fast import (
     forget_departed,
     rendered_families,
     repeated_points,
+    reused_requests,
     reused_translations,
     shared_collection,
     slim_series,
@@ -43,6 +44,7 @@ PATCHES: tuple[Patch, ...] = (
     repeated_points.PATCH,
     reused_translations.PATCH,
     rendered_families.PATCH,
+    reused_requests.PATCH,
 )
 # For benchmarks only: patch names, comma-separated, to leave off on the fast path.
 PATCHES_OFF_ENV = "OTEL_NUMA_FAST_PATH_PATCHES_OFF"
