@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
+from opentelemetry.sdk.metrics.export import AggregationTemporality
 
 from otel_numa.export.fast.new_matches import on_new_matches
 from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.fast.slim_series import PLAIN_POINTS, SlimMeasurements, slim_point
 from otel_numa.instruments.observations import Observations
 
@@ -43,12 +44,13 @@ class _Collected:
     starts: tuple[int, ...]
     values: tuple[Any, ...]
 
-    def points(self, time: int) -> list[NumberDataPoint]:
+    def points(self, time: int) -> PointList:
         """The points again, at ``time``."""
-        return [
+        made = [
             slim_point(attributes, start, time, value)
             for attributes, start, value in zip(self.attributes, self.starts, self.values, strict=True)
         ]
+        return PointList(made, self.attributes, self.values)
 
 
 class _Unchanged:
@@ -158,17 +160,26 @@ class _RepeatedPoints:
             and points
             and all(type(point) in PLAIN_POINTS and not point.exemplars for point in points)
         ):
-            unchanged.last[instrument] = _Collected(
+            attributes = tuple([point.attributes for point in points])
+            if type(handed) is SlimMeasurements and _same_items(handed.observations.attributes, attributes):
+                attributes = handed.observations.attributes  # the same series in the same order: one tuple
+            collected = _Collected(
                 handed,
                 match,
                 getattr(match, "_attributes_aggregation", None),
-                tuple([point.attributes for point in points]),
+                attributes,
                 tuple([point.start_time_unix_nano for point in points]),
                 tuple([point.value for point in points]),
             )
+            unchanged.last[instrument] = collected
+            return PointList(points, attributes, collected.values)
         elif instrument is not None:
             unchanged.last.pop(instrument, None)
         return points
+
+
+def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def repeat_points(provider: Any) -> bool:

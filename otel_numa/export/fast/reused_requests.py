@@ -27,6 +27,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import Gauge, Sum
 
 from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.otlp_wire import number_point_places, write_points
 
 # zlib's fastest level for the request kept between pushes: compressed when the series change,
@@ -76,6 +77,10 @@ class _ReusedRequests:
                             len(numbers.data_points),
                         )
                     )
+                    if type(numbers.data_points) is PointList:  # plain points; one tuple of mappings
+                        layout.append(numbers.data_points.attributes)
+                        points += numbers.data_points
+                        continue
                     for point in numbers.data_points:
                         if point.exemplars:
                             return self._translate(data)
