@@ -211,10 +211,15 @@ class _SlimCallback:
             if not all(type(each) is SeriesAttributes for each in attributes):
                 return False
             self._checked = attributes
-        try:
-            return all(map(math.isfinite, observations.values))
-        except TypeError:  # not a number: the SDK's loop says what it makes of it
-            return False
+        return finite(observations.values)
+
+
+def finite(values: Iterable[Any]) -> bool:
+    """Whether every one of ``values`` is a finite number (what the SDK's loop takes as it is)."""
+    try:
+        return all(map(math.isfinite, values))
+    except TypeError:  # not a number: the SDK's loop says what it makes of it
+        return False
 
 
 class _SlimConsume:
