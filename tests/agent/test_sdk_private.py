@@ -301,8 +301,8 @@ def test_the_agents_series_are_kept_slotted_by_its_own_mappings_and_give_the_sdk
     tmp_path: Path,
 ) -> None:
     """On the accelerated path every series of the agent's instruments, through churn and new values, is
-    kept in a slotted aggregation keyed by the agent's own attribute mapping; the page is the public
-    path's all along."""
+    kept in a slotted aggregation keyed by the agent's own attribute mapping (the sums new in one
+    collection with one start time); the page is the public path's all along."""
     from prometheus_client import generate_latest
 
     from otel_numa.export.fast import PUBLIC
@@ -319,6 +319,7 @@ def test_the_agents_series_are_kept_slotted_by_its_own_mappings_and_give_the_sdk
         fast.forget_departed(agent.background.live_pods())
         public.forget_departed(agent.background.live_pods())
     kinds: dict[str, int] = {}
+    starts: set[int] = set()  # the start time objects of the sum series
     storages = fast.meter_provider._measurement_consumer._reader_storages.values()
     for storage in storages:
         for matches in storage._instrument_view_instrument_matches.values():
@@ -328,7 +329,11 @@ def test_the_agents_series_are_kept_slotted_by_its_own_mappings_and_give_the_sdk
                         continue  # a series without attributes: the SDK's own
                     assert type(key) is SeriesAttributes and aggregation._attributes == key
                     kinds[type(aggregation).__name__] = kinds.get(type(aggregation).__name__, 0) + 1
+                    if type(aggregation) is ObservedSum:
+                        starts.add(id(aggregation._start))
     assert set(kinds) == {ObservedSum.__name__, ObservedLastValue.__name__}
+    # the sum series an instrument made new in one collection share one start time
+    assert len(starts) * 5 < kinds[ObservedSum.__name__]
     assert sum(kinds.values()) > 100
     fast.shutdown(timeout_s=1)
     public.shutdown(timeout_s=1)

@@ -14,7 +14,9 @@ again for as long as the series lives. So, for the agent's own provider only:
   mapping itself (a tuple of the sorted keys and the values, never equal to one of the SDK's keys, which
   start with a string) and keeps an observable counter's, up-down counter's or gauge's series in a
   slotted aggregation (:class:`ObservedSum`, :class:`ObservedLastValue`) with the SDK's arithmetic;
-- those aggregations make slotted points (:class:`SlimPoint`, equal to the SDK's).
+- those aggregations make slotted points (:class:`SlimPoint`, equal to the SDK's);
+- the sum series an instrument makes new in one collection share one start time (the first one's), where
+  the SDK reads the clock for each, microseconds apart.
 
 Anything else goes through the SDK's own code: another kind of attributes or a non-finite value (the SDK
 logs it), a view that keeps some keys only, a match that starts afresh at every collection, the overflow
@@ -229,6 +231,10 @@ class _SlimConsume:
         self._match = weakref.ref(match)
         self._consume = consume  # the SDK's, bound to the match
         self._slotted = slotted
+        # the time of the last Measurements that made a new sum series, and that series' start: the other
+        # series new in the same collection take the same int (32 bytes a series, held for its life) where
+        # the SDK reads the clock anew for each, a few microseconds apart
+        self._first_start: tuple[object, int] | None = None
 
     def __call__(self, measurement: Any, should_sample_exemplar: bool = True) -> None:
         attributes = measurement.attributes
@@ -243,12 +249,21 @@ class _SlimConsume:
                 aggregations = match._attributes_aggregation
                 if aggregations.get(attributes) is aggregation:  # a new series (not the overflow series)
                     slotted = self._slotted(aggregation)
+                    if type(slotted) is ObservedSum:
+                        self._share_start(slotted, measurement.time_unix_nano)
                     if slotted is not None:
                         aggregations[attributes] = aggregation = slotted
         elif aggregation._attributes is not attributes and type(aggregation) in _SLOTTED:
             # the instrument made a new mapping for the same series: kept instead of the old one
             aggregation._attributes = attributes
         aggregation.aggregate(measurement, should_sample_exemplar)
+
+    def _share_start(self, series: ObservedSum, collection: object) -> None:
+        first = self._first_start
+        if first is not None and first[0] is collection:
+            series._start = series._previous_start = first[1]
+        else:
+            self._first_start = (collection, series._start)
 
 
 def slim_series(provider: Any, stateless_reservoir: object) -> bool:
