@@ -329,7 +329,7 @@ def test_the_agents_series_are_kept_slotted_by_its_own_mappings_and_give_the_sdk
                         continue  # a series without attributes: the SDK's own
                     assert type(key) is SeriesAttributes and aggregation._attributes == key
                     kinds[type(aggregation).__name__] = kinds.get(type(aggregation).__name__, 0) + 1
-                    if type(aggregation) is ObservedSum:
+                    if isinstance(aggregation, ObservedSum):
                         starts.add(id(aggregation._start))
     assert set(kinds) == {ObservedSum.__name__, ObservedLastValue.__name__}
     # the sum series an instrument made new in one collection share one start time
