@@ -18,6 +18,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.util.types import Attributes
 
 from otel_numa.export.otlp_wire import ABSENT, number_point_places, write_points
 
@@ -25,7 +26,9 @@ NO_START: Any = None  # a gauge's points carry no start time
 
 
 def request(values: list[float], start: int = 5, time: int = 9) -> MetricsData:
-    attributes = [{"k8s.pod.uid": f"pod-{index}", "numa.node": index} for index in range(len(values))]
+    attributes: list[Attributes] = [
+        {"k8s.pod.uid": f"pod-{index}", "numa.node": index} for index in range(len(values))
+    ]
     sums = Sum(
         [NumberDataPoint(a, start, time, v) for a, v in zip(attributes, values, strict=True)],
         AggregationTemporality.CUMULATIVE,
