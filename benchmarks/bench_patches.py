@@ -3,7 +3,7 @@
 On the 2x32 and 8x48 large nodes of bench_cost, in-process, one fresh process per measurement: the public
 path, the fast path with every patch, and the fast path with each patch left off
 (``OTEL_NUMA_FAST_PATH_PATCHES_OFF`` names it). A cycle is what the agent does per interval: one OTLP push
-(encoded as the OTLP exporters encode it, not sent) and one scrape of the page in the text format.
+(through the gRPC OTLP exporter, serialized but not sent) and one scrape of the page in the text format.
 
 - CPU per cycle: ``time.process_time`` around a cycle, median of the cycles, then median of the repeats
   (the machine is shared: process CPU time, not wall time); "unchanged" with no input changed, "fresh" with
@@ -51,8 +51,8 @@ LEDGER = Path(__file__).parent.parent / "docs" / "patches.md"
 def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]:
     """In this process: CPU per cycle (ms, unchanged and fresh) and memory held (KiB) for ``config``
     ("public", "all", or a patch name left off)."""
-    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExporter
 
     from otel_numa.cli.settings import Settings
     from otel_numa.daemon.agent import Agent
@@ -63,16 +63,17 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
 
     heap = HeapPolicy()
 
-    class Encoding(MetricExporter):
-        def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
-            encode_metrics(metrics_data).SerializeToString()
-            return MetricExportResult.SUCCESS
+    class Serializing:
+        """Stands in for the gRPC exporter's stub: the request serialized as gRPC would send it, not sent."""
 
-        def force_flush(self, timeout_millis: float = 10_000) -> bool:
-            return True
+        def Export(self, request: Any, metadata: Any = None, timeout: Any = None) -> None:
+            request.SerializeToString()
 
-        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-            return None
+    def encoding() -> MetricExporter:
+        # the agent's own OTLP exporter (gRPC, as bench_cost pushes), with its translation and its patch
+        exporter = OTLPMetricExporter(endpoint="http://127.0.0.1:1", insecure=True)
+        exporter._client = Serializing()  # type: ignore[assignment]
+        return exporter
 
     node = large_node_at(root, TREES[tree][1])
     agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
@@ -84,7 +85,7 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
             agent.options,
             agent.store,
             exporters=("prometheus", "otlp"),
-            otlp_exporter_factory=lambda _export: Encoding(),
+            otlp_exporter_factory=lambda _export: encoding(),
             fast_path=path,
         )
         assert pipeline.registry is not None

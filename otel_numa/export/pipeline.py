@@ -34,8 +34,10 @@ from otel_numa.export.fast import FastPath, choose
 from otel_numa.export.fast.forget_departed import DepartedSeriesJanitor
 from otel_numa.export.fast.rendered_families import WSGIApp, page_app
 from otel_numa.export.fast.repeated_points import repeat_points
+from otel_numa.export.fast.reused_requests import reuse_requests
 from otel_numa.export.fast.reused_translations import reuse_translations
 from otel_numa.export.fast.shared_collection import SharedPrometheusReader
+from otel_numa.export.fast.slim_series import slim_series
 from otel_numa.export.rebuild import RebuildPlan
 from otel_numa.export.temporality import Temporality, is_cumulative, preferred_temporality
 from otel_numa.instruments import register_instruments
@@ -271,7 +273,10 @@ def build_pipeline(
     temporality = preferred_temporality()
     push_exporters: list[tuple[MetricExporter, Temporality]] = []
     if "otlp" in names:
-        push_exporters.append((otlp_exporter_factory(export), temporality))
+        otlp = otlp_exporter_factory(export)
+        if fast.on("reused_requests"):
+            reuse_requests(otlp)  # the gRPC exporter only
+        push_exporters.append((otlp, temporality))
     if "console" in names:
         push_exporters.append((ConsoleMetricExporter(), preferred_temporality({})))
     lock = threading.RLock()
@@ -331,6 +336,8 @@ def build_pipeline(
             options.node_name,
             fast_path=bool(fast),
         )
+        if fast.on("slim_series"):
+            slim_series(provider, _NO_EXEMPLARS)  # where no exemplar is sampled
         if fast.on("repeated_points"):
             repeat_points(provider)  # only where the page's reader is the only one
         janitor = DepartedSeriesJanitor(provider) if fast.on("forget_departed") else None

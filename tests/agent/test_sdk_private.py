@@ -71,7 +71,13 @@ def test_every_patch_passes_its_check_and_auto_turns_them_all_on() -> None:
     assert choose("auto").patches == {patch.name for patch in PATCHES}
     assert not choose("off")
     off = choose("auto", {"OTEL_NUMA_FAST_PATH_PATCHES_OFF": "rendered_families, shared_collection"})
-    assert off.patches == {"forget_departed", "repeated_points", "reused_translations"}
+    assert off.patches == {
+        "forget_departed",
+        "slim_series",
+        "repeated_points",
+        "reused_translations",
+        "reused_requests",
+    }
 
 
 def test_the_janitor_finds_the_sdk_shape_it_needs_and_forgets_only_departed_pods() -> None:
@@ -276,3 +282,78 @@ def test_the_ledger_lists_every_patch_with_its_private_names_and_gains_on_both_n
         assert all(f"`{name}`" in section for name in patch.private_names), patch.name
         assert re.search(r"^\| 2x32 \| [+-]\d+% \|", section, flags=re.MULTILINE), patch.name
         assert re.search(r"^\| 8x48 \| [+-]\d+% \|", section, flags=re.MULTILINE), patch.name
+
+
+def test_the_agents_series_are_kept_slotted_by_its_own_mappings_and_give_the_sdks_page(
+    tmp_path: Path,
+) -> None:
+    """On the accelerated path every series of the agent's instruments, through churn and new values, is
+    kept in a slotted aggregation keyed by the agent's own attribute mapping (the sums new in one
+    collection with one start time); the page is the public path's all along."""
+    from prometheus_client import generate_latest
+
+    from otel_numa.export.fast import PUBLIC
+    from otel_numa.export.fast.slim_series import ObservedLastValue, ObservedSum
+    from otel_numa.export.pipeline import build_pipeline
+    from otel_numa.series_attributes import SeriesAttributes
+
+    node, agent = small_node(tmp_path / "node", disable="health")
+    fast = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    public = build_pipeline(agent.options, agent.store, exporters=("prometheus",), fast_path=PUBLIC)
+    assert fast.fast_path.on("slim_series") and fast.registry and public.registry
+    for generation in generations(node, agent):
+        assert generate_latest(fast.registry) == generate_latest(public.registry), generation
+        fast.forget_departed(agent.background.live_pods())
+        public.forget_departed(agent.background.live_pods())
+    kinds: dict[str, int] = {}
+    starts: set[int] = set()  # the start time objects of the sum series
+    storages = fast.meter_provider._measurement_consumer._reader_storages.values()
+    for storage in storages:
+        for matches in storage._instrument_view_instrument_matches.values():
+            for match in matches:
+                for key, aggregation in match._attributes_aggregation.items():
+                    if not aggregation._attributes:
+                        continue  # a series without attributes: the SDK's own
+                    assert type(key) is SeriesAttributes and aggregation._attributes == key
+                    kinds[type(aggregation).__name__] = kinds.get(type(aggregation).__name__, 0) + 1
+                    if isinstance(aggregation, ObservedSum):
+                        starts.add(id(aggregation._start))
+    assert set(kinds) == {ObservedSum.__name__, ObservedLastValue.__name__}
+    # the sum series an instrument made new in one collection share one start time
+    assert len(starts) * 5 < kinds[ObservedSum.__name__]
+    assert sum(kinds.values()) > 100
+    fast.shutdown(timeout_s=1)
+    public.shutdown(timeout_s=1)
+
+
+def test_a_non_finite_value_on_the_accelerated_path_is_dropped_and_logged_by_the_sdk(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An observation the SDK refuses goes through the SDK's own loop: the same warning, the same points."""
+    import math
+
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+    from otel_numa.export.fast.slim_series import slim_series
+    from otel_numa.instruments.observations import Observations
+    from otel_numa.series_attributes import series_attributes
+
+    reservoir = object()
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader], shutdown_on_exit=False, exemplar_filter=AlwaysOffExemplarFilter()
+    )
+    x, y = series_attributes({"a": "x"}), series_attributes({"a": "y"})
+    provider.get_meter("test").create_observable_gauge(
+        "g", callbacks=[lambda _options: Observations([1.5, math.inf], (x, y))]
+    )
+    assert slim_series(provider, reservoir)
+    with caplog.at_level("WARNING"):
+        data = reader.get_metrics_data()
+    assert data is not None
+    points = data.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert [(dict(point.attributes or {}), getattr(point, "value", None)) for point in points] == [
+        ({"a": "x"}, 1.5)
+    ]
+    assert any("non-finite value inf" in record.getMessage() for record in caplog.records)
+    provider.shutdown()

@@ -8,12 +8,19 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from otel_numa.cli.settings import Settings
@@ -21,6 +28,7 @@ from otel_numa.daemon.agent import Agent
 from otel_numa.endpoints.metrics_page import compressing
 from otel_numa.export import fast
 from otel_numa.export.fast import PUBLIC, choose
+from otel_numa.export.fast.reused_requests import _ReusedRequests
 from otel_numa.export.pipeline import Pipeline, build_pipeline
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.proto import podresources_v1_pb2 as pb
@@ -55,6 +63,36 @@ class Recorder(MetricExporter):
         return None
 
 
+class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
+    """A real OTLP/gRPC endpoint in the test process that keeps every request as it arrived: the agent's
+    gRPC exporter pushes to it over a socket."""
+
+    def __init__(self) -> None:
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.exporters: list[OTLPMetricExporter] = []
+
+    def Export(self, request: ExportMetricsServiceRequest, context: grpc.ServicerContext) -> Any:
+        self.requests.append(request)
+        return ExportMetricsServiceResponse()
+
+    def exporter(self) -> OTLPMetricExporter:
+        exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{self.port}", insecure=True, timeout=5)
+        self.exporters.append(exporter)
+        return exporter
+
+    def reused(self) -> int:
+        """How many requests the patched exporters made by writing new numbers into a kept one."""
+        found = [vars(exporter).get("_translate_data") for exporter in self.exporters]
+        return sum(each.reused for each in found if isinstance(each, _ReusedRequests))
+
+    def close(self) -> None:
+        self.server.stop(None)
+
+
 def timeless(request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest:
     """A copy of ``request`` with every point's time and start time set to zero."""
     copy = ExportMetricsServiceRequest()
@@ -76,17 +114,22 @@ def points_of(request: ExportMetricsServiceRequest) -> Iterator[Any]:
 class Both:
     """The two paths side by side over one agent's snapshots, each with a page and an OTLP push."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, over_grpc: bool = False) -> None:
+        """``over_grpc``: each path pushes through the gRPC OTLP exporter to a collector of its own, else
+        the requests are the exporters' encoding of each push."""
         self.agent = agent
-        self.recorders = (Recorder(), Recorder())
+        self.recorders: tuple[Recorder | GrpcCollector, ...] = (
+            (GrpcCollector(), GrpcCollector()) if over_grpc else (Recorder(), Recorder())
+        )
         self.pipelines: list[Pipeline] = []
         for path, recorder in zip((choose("auto"), PUBLIC), self.recorders, strict=True):
+            exporter = recorder.exporter() if isinstance(recorder, GrpcCollector) else recorder
             self.pipelines.append(
                 build_pipeline(
                     agent.options,
                     agent.store,
                     exporters=("prometheus", "otlp"),
-                    otlp_exporter_factory=lambda _export, recorder=recorder: recorder,  # type: ignore[misc]
+                    otlp_exporter_factory=lambda _export, exporter=exporter: exporter,  # type: ignore[misc]
                     fast_path=path,
                 )
             )
@@ -119,22 +162,35 @@ class Both:
     def close(self) -> None:
         for pipeline in self.pipelines:
             pipeline.shutdown(timeout_s=1)
+        for recorder in self.recorders:
+            if isinstance(recorder, GrpcCollector):
+                recorder.close()
+
+    def reused_requests(self) -> int:
+        fast = self.recorders[0]
+        return fast.reused() if isinstance(fast, GrpcCollector) else 0
 
 
-def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
+def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(
+    tmp_path: Path, over_grpc: bool
+) -> None:
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
     # no health series: their ages move between the two paths' collections
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent)
+    both = Both(agent, over_grpc)
     pages = []
     try:
         for generation in generations(node, agent):
             pages.append(both.compare(generation))
             both.forget_departed()
             both.compare((generation, "after forgetting"))
+        reused = both.reused_requests()
     finally:
         both.close()
+    # over gRPC the fast path wrote new numbers into its last request wherever the series stayed
+    assert reused >= 6 if over_grpc else reused == 0
     assert b"numa_container_memory_usage_bytes{" in pages[0]
     assert pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
 
@@ -160,22 +216,28 @@ def test_real_machines_give_the_same_pages_and_requests(
     assert b"numa_memory_capacity_bytes{" in page
 
 
+@pytest.fixture
+def server(podresources_server: PodResourcesServer) -> PodResourcesServer:
+    return podresources_server
+
+
 def churn_uid(index: int) -> str:
     return f"c0ffee00-0000-4000-8000-{index:012d}"
 
 
+@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
 def test_pod_churn_gives_the_same_pages_and_requests(
-    tmp_path: Path, podresources_server: PodResourcesServer
+    tmp_path: Path, server: PodResourcesServer, over_grpc: bool
 ) -> None:
     """Batches of pods replace each other through a real podresources server: the fast path forgets
     departed pods in place, the public path rebuilds its readers (every third batch here: once as many
     pods departed as live)."""
     node = build_scenario(tmp_path, uniform_nodes(2, 4))
     settings = node.settings(
-        podresources_socket=str(podresources_server.socket_path), disable="health", cardinality_limit=1_000
+        podresources_socket=str(server.socket_path), disable="health", cardinality_limit=1_000
     )
     agent = Agent(settings.to_options())
-    both = Both(agent)
+    both = Both(agent, over_grpc)
     batch = 60
     try:
         for round_ in range(6):
@@ -184,7 +246,7 @@ def test_pod_churn_gives_the_same_pages_and_requests(
             indices = range(round_ * batch, (round_ + 1) * batch)
             for index in indices:
                 (node.pod_logs_root / f"churn_job-{index}_{churn_uid(index)}").mkdir()
-            podresources_server.state.pods = [
+            server.state.pods = [
                 pb.PodResources(
                     name=f"job-{index}",
                     namespace="churn",
@@ -200,12 +262,15 @@ def test_pod_churn_gives_the_same_pages_and_requests(
             assert pods == {churn_uid(index) for index in indices}
             assert "otel_metric_overflow" not in page
         assert both.pipelines[1].rebuilds == 2 and both.pipelines[0].rebuilds == 0
+        if over_grpc:
+            assert both.reused_requests() >= 6  # after forgetting, the series of the push before
     finally:
         both.close()
 
 
+@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
 def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
-    tmp_path: Path, podresources_server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, over_grpc: bool
 ) -> None:
     """With delta temporality, the public path's rebuilds neither lose nor repeat a delta: per series, the
     deltas pushed add up to what the fast path's add up to."""
@@ -213,7 +278,7 @@ def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent)
+    both = Both(agent, over_grpc)
     try:
         for generation in range(6):
             node.write_cgroup_usage(generation)
@@ -225,6 +290,7 @@ def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
             both.forget_departed()
             if generation == 3:
                 both.pipelines[1].rebuild()  # as it would once enough pods departed
+        assert both.reused_requests() >= 3 if over_grpc else True
     finally:
         both.close()
     fast_totals, public_totals = (delta_totals(recorder.requests) for recorder in both.recorders)

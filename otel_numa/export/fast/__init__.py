@@ -19,8 +19,10 @@ from otel_numa.export.fast import (
     forget_departed,
     rendered_families,
     repeated_points,
+    reused_requests,
     reused_translations,
     shared_collection,
+    slim_series,
 )
 from otel_numa.export.fast.patch import Patch
 
@@ -38,9 +40,11 @@ PROVEN_RELEASES: Mapping[str, str] = {
 PATCHES: tuple[Patch, ...] = (
     forget_departed.PATCH,
     shared_collection.PATCH,
+    slim_series.PATCH,
     repeated_points.PATCH,
     reused_translations.PATCH,
     rendered_families.PATCH,
+    reused_requests.PATCH,
 )
 # For benchmarks only: patch names, comma-separated, to leave off on the fast path.
 PATCHES_OFF_ENV = "OTEL_NUMA_FAST_PATH_PATCHES_OFF"

@@ -8,11 +8,14 @@ gives the same points with a new time. So, for the agent's own provider only:
 
 - each of its observable instruments' ``callback`` (an instance attribute shadowing the SDK's method)
   hands over no Measurements when the instrument's callback returned the same object as last time and
-  its last points can be repeated;
-- each of its view-instrument matches' ``collect`` then returns those points with this collection's time.
+  its last points can be repeated, nor when it returned new values for the very same series in the same
+  order (new cgroup readings: the instruments then keep their attributes tuple) whose last points were
+  one per observation, with ``slim_series`` on;
+- each of its view-instrument matches' ``collect`` then returns those points with this collection's time
+  (and the new values).
 
 Anything else goes through the SDK's own code: more than one reader, another view, a series forgotten
-(``forget_departed`` swaps the aggregations), new observations.
+(``forget_departed`` swaps the aggregations), new series, a non-finite value.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from time import time_ns
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
+from opentelemetry.sdk.metrics.export import AggregationTemporality
 
+from otel_numa.export.fast.new_matches import on_new_matches
 from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.point_list import PointList
+from otel_numa.export.fast.slim_series import PLAIN_POINTS, SlimMeasurements, finite, slim_point
 from otel_numa.instruments.observations import Observations
 
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
@@ -41,14 +48,13 @@ class _Collected:
     starts: tuple[int, ...]
     values: tuple[Any, ...]
 
-    def points(self, time: int) -> list[NumberDataPoint]:
+    def points(self, time: int) -> PointList:
         """The points again, at ``time``."""
-        return [
-            NumberDataPoint(
-                attributes=attributes, start_time_unix_nano=start, time_unix_nano=time, value=value
-            )
+        made = [
+            slim_point(attributes, start, time, value)
             for attributes, start, value in zip(self.attributes, self.starts, self.values, strict=True)
         ]
+        return PointList(made, self.attributes, self.values)
 
 
 class _Unchanged:
@@ -65,19 +71,45 @@ class _Unchanged:
         self.handed[instrument] = source
 
     def repeat(self, instrument: object, source: object) -> bool:
-        """Whether ``instrument``'s last points were made from ``source`` by its only match, whose
-        aggregations nobody replaced since; if so they are repeated in this collection."""
+        """Whether ``instrument``'s last points were made from ``source``; if so they are repeated in this
+        collection."""
+        last = self._collected_from(instrument, source)
+        if last is None:
+            return False
+        self._repeat(instrument, last)
+        return True
+
+    def revalue(self, instrument: object, before: object, now: SlimMeasurements) -> bool:
+        """Whether ``instrument``'s last points were made from ``before``, one point per observation in
+        their order, and ``now`` has new values for the very same series in place; if so, the last points
+        with the new values stand for this collection. That is what consuming ``now`` would give: an
+        observable instrument's cumulative sum or gauge keeps no value between collections, only its
+        start time."""
+        last = self._collected_from(instrument, before)
+        if last is None or last.attributes is not now.observations.attributes:
+            return False
+        values = tuple(now.observations.values)
+        collected = _Collected(now, last.match, last.aggregations, last.attributes, last.starts, values)
+        self.last[instrument] = collected
+        self._repeat(instrument, collected)
+        return True
+
+    def _collected_from(self, instrument: object, source: object) -> _Collected | None:
+        """The instrument's last points, when they were made from ``source`` by its only match, whose
+        aggregations nobody replaced since."""
         last = self.last.get(instrument)
         if last is None or last.source is not source:
-            return False
+            return None
         if getattr(last.match, "_attributes_aggregation", None) is not last.aggregations:
-            return False
+            return None
         matches = self._storage._instrument_view_instrument_matches.get(instrument)
         if not isinstance(matches, list) or len(matches) != 1 or matches[0] is not last.match:
-            return False
+            return None
+        return last
+
+    def _repeat(self, instrument: object, collected: _Collected) -> None:
         self.handed.pop(instrument, None)
-        self.repeating[instrument] = last
-        return True
+        self.repeating[instrument] = collected
 
 
 class _Raising:
@@ -97,7 +129,7 @@ class _ReusedMeasurements:
         self._instrument = weakref.ref(instrument)
         self._callback = callback  # the SDK's, bound to the instrument
         self._unchanged = unchanged
-        self._made: tuple[object, list[Any]] | None = None  # the last observations and their Measurements
+        self._made: tuple[object, Iterable[Any]] | None = None  # the last observations and their Measurements
 
     def __call__(self, callback_options: Any) -> Iterable[Any]:
         instrument = self._instrument()
@@ -117,10 +149,24 @@ class _ReusedMeasurements:
                 return ()
             unchanged.hand_over(instrument, made[1])
             return made[1]
+        if (
+            made is not None
+            and type(made[1]) is SlimMeasurements
+            and type(observations) is Observations
+            and observations.attributes is made[1].observations.attributes  # the same series in place
+            and finite(observations.values)
+            and instrument._is_enabled()
+        ):
+            now = SlimMeasurements(instrument, observations, time_ns())
+            if unchanged.revalue(instrument, made[1], now):
+                self._made = (observations, now)
+                return ()
         # the SDK's loop over these observations; collections run one at a time (the consumer's lock)
         instrument._callbacks = [lambda _options: observations]
         try:
-            measurements = list(self._callback(callback_options))
+            handed = self._callback(callback_options)
+            # slim Measurements (``slim_series``) are made again from the observations when read
+            measurements = handed if type(handed) is SlimMeasurements else list(handed)
         finally:
             instrument._callbacks = callbacks
         if isinstance(observations, (list, Observations)):
@@ -154,19 +200,28 @@ class _RepeatedPoints:
             and temporality is _CUMULATIVE
             and isinstance(points, list)
             and points
-            and all(type(point) is NumberDataPoint and not point.exemplars for point in points)
+            and all(type(point) in PLAIN_POINTS and not point.exemplars for point in points)
         ):
-            unchanged.last[instrument] = _Collected(
+            attributes = tuple([point.attributes for point in points])
+            if type(handed) is SlimMeasurements and _same_items(handed.observations.attributes, attributes):
+                attributes = handed.observations.attributes  # the same series in the same order: one tuple
+            collected = _Collected(
                 handed,
                 match,
                 getattr(match, "_attributes_aggregation", None),
-                tuple([point.attributes for point in points]),
+                attributes,
                 tuple([point.start_time_unix_nano for point in points]),
                 tuple([point.value for point in points]),
             )
+            unchanged.last[instrument] = collected
+            return PointList(points, attributes, collected.values)
         elif instrument is not None:
             unchanged.last.pop(instrument, None)
         return points
+
+
+def _same_items(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def repeat_points(provider: Any) -> bool:
@@ -180,32 +235,43 @@ def repeat_points(provider: Any) -> bool:
     unchanged = _Unchanged(storage)
     for instrument in list(consumer._async_instruments):
         instrument.callback = _ReusedMeasurements(instrument, instrument.callback, unchanged)
-    matches_for = storage._get_or_init_view_instrument_match
 
-    def patched_matches(instrument: Any) -> Any:
-        matches = matches_for(instrument)
-        for match in matches:
-            if not isinstance(vars(match).get("collect"), _RepeatedPoints):
-                match.collect = _RepeatedPoints(match, match.collect, unchanged)
-        return matches
+    def patch_match(match: Any) -> None:
+        match.collect = _RepeatedPoints(match, match.collect, unchanged)
 
-    storage._get_or_init_view_instrument_match = patched_matches
+    on_new_matches(storage, consumer._async_instruments, patch_match)
     return True
 
 
 def _check() -> str | None:
-    """Two throwaway providers, one patched: over collections with the same observations, new ones, and a
+    """Three throwaway providers, one public, one patched, one patched after ``slim_series``: over
+    collections with the same observations, new values for the same series in place, new series, and a
     series gone, the same points (but for their times)."""
     from opentelemetry.metrics import CallbackOptions
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    first = Observations([1, 2], ({"a": "x"}, {"a": "y"}))
-    rounds = [first, first, Observations([3, 2], ({"a": "x"}, {"a": "y"})), Observations([3], ({"a": "x"},))]
+    from otel_numa.export.fast.slim_series import slim_series
+    from otel_numa.series_attributes import series_attributes
+
+    both = (series_attributes({"a": "x"}), series_attributes({"a": "y"}))
+    one = both[:1]
+    first = Observations([1, 2], both)
+    rounds = [
+        first,
+        first,
+        Observations([3, 2], both),
+        Observations([4, 2.5], both),
+        Observations([4, 2.5], (series_attributes({"a": "y"}), series_attributes({"a": "x"}))),
+        Observations([3], one),
+        Observations([5], one),
+    ]
     collected: list[list[object]] = []
-    for patched in (False, True):
+    for patched in (False, True, "slim"):
         reader = InMemoryMetricReader()
-        provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+        provider = MeterProvider(
+            metric_readers=[reader], shutdown_on_exit=False, exemplar_filter=AlwaysOffExemplarFilter()
+        )
         current: list[Observations] = [rounds[0]]
 
         def observe(_options: CallbackOptions, current: list[Observations] = current) -> Observations:
@@ -215,6 +281,8 @@ def _check() -> str | None:
             meter = provider.get_meter("otel_numa.check")
             meter.create_observable_counter("check_counter", callbacks=[observe])
             meter.create_observable_gauge("check_gauge", callbacks=[observe])
+            if patched == "slim" and not slim_series(provider, None):
+                return "the provider has another shape"
             if patched and not repeat_points(provider):
                 return "the provider has another shape"
             seen: list[object] = []
@@ -237,7 +305,7 @@ def _check() -> str | None:
             collected.append(seen)
         finally:
             provider.shutdown()
-    return None if collected[0] == collected[1] else "the points differ from the SDK's"
+    return None if collected[0] == collected[1] == collected[2] else "the points differ from the SDK's"
 
 
 PATCH = Patch(

@@ -27,6 +27,7 @@ from opentelemetry.sdk.metrics.export import Gauge, NumberDataPoint, Sum
 from prometheus_client.metrics_core import Metric as PrometheusMetric
 
 from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.point_list import PointList
 from otel_numa.series_attributes import SeriesAttributes
 
 log = logging.getLogger(__name__)
@@ -164,14 +165,22 @@ class _TranslatedMetrics:
         points = getattr(metric.data, "data_points", ())
         # tuples from lists, made at their length: one from a generator is resized, and a scrape's worth
         # of them then moves from one of the interpreter's free lists to another (otel_numa.daemon.heap)
-        attributes = tuple([point.attributes for point in points])
-        values = tuple([getattr(point, "value", None) for point in points])
+        if type(points) is PointList:  # repeated_points' tuples
+            attributes, values = points.attributes, points.values
+        else:
+            attributes = tuple([point.attributes for point in points])
+            values = tuple([getattr(point, "value", None) for point in points])
         key = f"{metric.name}|{metric.description}|{metric.unit}|{type(metric.data).__name__}"
         known = self._known.get(key)
         if (
             known is not None
-            and len(known.attributes) == len(attributes)
-            and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
+            and (
+                known.attributes is attributes
+                or (
+                    len(known.attributes) == len(attributes)
+                    and all(a is b for a, b in zip(known.attributes, attributes, strict=True))
+                )
+            )
             and not any(family_id in metric_family_id_metric_family for family_id, _ in known.families)
         ):
             if known.values == values:

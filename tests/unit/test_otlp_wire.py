@@ -1,0 +1,78 @@
+"""The numbers of an encoded OTLP request, found and written in place: the request the OTLP encoder makes
+for the new numbers, byte for byte, or a refusal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.util.types import Attributes
+
+from otel_numa.export.otlp_wire import ABSENT, number_point_places, write_points
+
+NO_START: Any = None  # a gauge's points carry no start time
+
+
+def request(values: list[float], start: int = 5, time: int = 9) -> MetricsData:
+    attributes: list[Attributes] = [
+        {"k8s.pod.uid": f"pod-{index}", "numa.node": index} for index in range(len(values))
+    ]
+    sums = Sum(
+        [NumberDataPoint(a, start, time, v) for a, v in zip(attributes, values, strict=True)],
+        AggregationTemporality.CUMULATIVE,
+        True,
+    )
+    gauge = Gauge([NumberDataPoint(a, NO_START, time, v) for a, v in zip(attributes, values, strict=True)])
+    metrics = [Metric("s", "", "1", sums), Metric("g", "", "By", gauge)]
+    scope = ScopeMetrics(InstrumentationScope("otel_numa"), metrics, "")
+    return MetricsData([ResourceMetrics(Resource({"k8s.node.name": "n"}), [scope], "")])
+
+
+def points_of(data: MetricsData) -> list[Any]:
+    return [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    ]
+
+
+def test_new_numbers_written_in_place_are_the_encoders_request() -> None:
+    before = encode_metrics(request([1, 2.5, 3])).SerializeToString()
+    places = number_point_places(before)
+    assert places is not None and len(places) == 3 * 6
+    assert [places[i] for i in range(0, 18, 3)][3:] == [ABSENT] * 3  # the gauge's points have no start
+    after = request([7.25, -4, 2**40], start=11, time=13)
+    encoded = bytearray(before)
+    assert write_points(encoded, places, points_of(after))
+    assert bytes(encoded) == encode_metrics(after).SerializeToString()
+
+
+def test_what_cannot_be_written_in_place_is_refused() -> None:
+    encoded = encode_metrics(request([1, 2])).SerializeToString()
+    places = number_point_places(encoded)
+    assert places is not None
+    # a start time where the encoded point has none, and one point too few
+    no_starts = [NumberDataPoint({}, NO_START, 1, 1) for _ in range(4)]
+    assert not write_points(bytearray(encoded), places, no_starts)
+    assert not write_points(bytearray(encoded), places, points_of(request([1, 2]))[:3])
+    assert not write_points(bytearray(encoded), places, points_of(request([2**63, 2])))  # beyond sfixed64
+
+
+def test_bytes_that_are_not_a_request_have_no_places() -> None:
+    encoded = encode_metrics(request([1, 2])).SerializeToString()
+    assert number_point_places(encoded[:-3]) is None
+    assert number_point_places(b"\x0f\x01") is None
