@@ -165,7 +165,7 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
         "# The patch ledger",
         "",
         "The accelerated export path is these patches over the public path (`otel_numa/export/fast/`, one",
-        "module each; [decisions-fast-path.md](decisions-fast-path.md) says how they are chosen). Each acts",
+        "module each; [decisions/export-paths.md](decisions/export-paths.md) says how they are chosen). Each acts",
         "on the agent's own MeterProvider, readers or page only. Proven on: " + proven + ".",
         "",
         "Gain: what the fast path loses when that patch alone is left off, as a share of that (CPU per",

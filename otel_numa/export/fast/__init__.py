@@ -28,7 +28,7 @@ from otel_numa.export.fast.patch import Patch
 
 log = logging.getLogger(__name__)
 
-# The releases the patches were proven on (tests/test_two_paths.py runs both paths against each other).
+# The releases the patches were proven on (tests/agent/test_two_paths.py runs both paths against each other).
 PROVEN_RELEASES: Mapping[str, str] = {
     "opentelemetry-api": "1.45.2",
     "opentelemetry-sdk": "1.45.2",
