@@ -164,9 +164,11 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
     out = [
         "# The patch ledger",
         "",
-        "The accelerated export path is these patches over the public path (`otel_numa/export/fast/`, one",
-        "module each; [decisions/export-paths.md](decisions/export-paths.md) says how they are chosen). Each acts",
-        "on the agent's own MeterProvider, readers or page only. Proven on: " + proven + ".",
+        "The accelerated export path is these patches over the public path (`otel_numa/export/fast/`,",
+        "one module each; [decisions/export-paths.md](decisions/export-paths.md) says how they are",
+        "chosen). Each acts on the agent's own MeterProvider, readers or page only. Proven on: "
+        + proven
+        + ".",
         "",
         "Gain: what the fast path loses when that patch alone is left off, as a share of that (CPU per",
         "cycle of one OTLP push and one scrape, unchanged inputs and fresh cgroup values; memory the export",
