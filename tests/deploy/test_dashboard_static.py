@@ -1,7 +1,7 @@
 """Static checks of the Grafana dashboard config/grafana/dashboards/otel-numa.json.
 
 Every query is parsed as PromQL, its metric names and labels are checked against the agent's documented
-series (the catalogue below is DESIGN.md's metric table, copied by hand), every selector must honour the
+series (the table below, the documented metric contract written out by hand), every selector must honour the
 node and job variables, and the computed panels (CPU busy, NUMA miss ratio, least local containers) are
 evaluated by Prometheus's own rule tester on hand-made series with hand-computed answers.
 """
@@ -31,7 +31,7 @@ COMMON_LABELS = frozenset({"k8s_node_name", "job", "instance"})
 NUMA = frozenset({"numa_node_id"})
 POD = frozenset({"k8s_pod_uid", "k8s_container_name", "k8s_pod_name", "k8s_namespace_name"})
 
-# Prometheus names from DESIGN.md's metric table (and the README's additions), each with the labels it
+# Prometheus names from the documented metric contract (README), each with the labels it
 # carries besides COMMON_LABELS.
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_node_count": frozenset(),
@@ -58,7 +58,7 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_memory_usage_bytes": POD | NUMA | {"numa_memory_type"},
     "numa_container_cpu_time_seconds_total": POD | NUMA,
     "numa_container_memory_locality": POD,
-    # beyond DESIGN.md's table: issue-named series of the agent (see README)
+    # the agent's own further series (see README)
     "numa_container_cpuset_nodes": POD
     | {"numa_cpu_node_ids", "numa_memory_node_ids", "numa_locality_node_ids"},
     "numa_container_info": POD,
@@ -358,7 +358,7 @@ def test_catalogue_follows_design_naming() -> None:
 
 def test_the_metric_catalogue_agrees_with_the_design_table() -> None:
     """The catalogue (which registers the instruments) names the same series with the same labels as the
-    table above, written by hand from DESIGN.md; the catalogue may add only the agent's own health series
+    table above, written by hand from the contract; the catalogue may add only the agent's own health series
     and numainfo_exporter's."""
     specs = {spec.prometheus_name: spec for spec in catalogue.METRICS}
     for name, labels in METRIC_LABELS.items():

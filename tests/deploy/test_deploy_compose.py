@@ -40,7 +40,7 @@ AGENT_EXAMPLE = REPO / "config" / "agent.example.yaml"
 # The demo reads no host path: the whole node it describes lives in the repository.
 HOST_SYSTEM_PATHS: set[str] = set()
 
-# Keys of the YAML configuration file named in DESIGN.md: the flags with underscores, `exporters` as a
+# Keys of the YAML configuration file as documented: the flags with underscores, `exporters` as a
 # list, and `disable`.
 CONFIG_KEYS = {
     "sysfs_root",
@@ -63,7 +63,7 @@ CONFIG_KEYS = {
 }
 METRIC_GROUPS = {str(group) for group in MetricGroup}
 
-# Defaults from DESIGN.md's command-line table, written out by hand.
+# Defaults from the documented command-line table, written out by hand.
 DOCUMENTED_DEFAULTS: dict[str, Any] = {
     "sysfs_root": "/sys",
     "procfs_root": "/proc",

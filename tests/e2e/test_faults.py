@@ -271,7 +271,7 @@ def test_corrupt_meminfo_mid_run_is_counted_and_the_last_good_values_are_kept(
     original = meminfo.read_bytes()
     meminfo.write_text("Node 1 MemTotal: garbage\n")
     text = agent.metrics_text()
-    assert memory_of(text, 1) == good, "DESIGN: a sysfs source that fails keeps its last good value"
+    assert memory_of(text, 1) == good, "a sysfs source that fails keeps its last good value"
     assert sysfs_errors(text) >= 1
     meminfo.write_bytes(original.replace(b"500000", b"600000"))
     text = agent.metrics_text()
@@ -281,7 +281,7 @@ def test_corrupt_meminfo_mid_run_is_counted_and_the_last_good_values_are_kept(
 def test_meminfo_replaced_by_a_directory_is_an_unreadable_source(
     running: tuple[KubeletScenario, AgentProcess],
 ) -> None:
-    """DESIGN: a source that exists but cannot be read is counted in numa.agent.source.errors and its last
+    """A source that exists but cannot be read is counted in numa.agent.source.errors and its last
     good value is kept; a directory where ``node1/meminfo`` should be is such a file."""
     node, agent = running
     good = memory_of(agent.metrics_text(), 1)

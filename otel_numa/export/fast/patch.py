@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -20,3 +21,20 @@ class Patch:
     check: Callable[[], str | None]
     # set for a patch kept for what it does rather than for speed (the ledger's 5% rule does not apply)
     kept_for: str = ""
+
+
+def point_summaries(data: Any) -> list[tuple[str, dict[str, Any], Any, bool]]:
+    """What a check compares of one collection (an SDK ``MetricsData`` or None): each point's metric name,
+    attributes, value and whether it has a start time."""
+    return [
+        (
+            metric.name,
+            dict(point.attributes or {}),
+            getattr(point, "value", None),
+            bool(point.start_time_unix_nano),
+        )
+        for resource in (data.resource_metrics if data is not None else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    ]

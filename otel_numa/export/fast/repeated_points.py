@@ -29,7 +29,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import AggregationTemporality
 
 from otel_numa.export.fast.new_matches import on_new_matches
-from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.patch import Patch, point_summaries
 from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.fast.slim_series import PLAIN_POINTS, SlimMeasurements, finite, slim_point
 from otel_numa.instruments.observations import Observations
@@ -288,20 +288,7 @@ def _check() -> str | None:
             seen: list[object] = []
             for current[0] in rounds:
                 data = reader.get_metrics_data()
-                seen.append(
-                    [
-                        (
-                            metric.name,
-                            dict(point.attributes or {}),
-                            getattr(point, "value", None),
-                            bool(point.start_time_unix_nano),
-                        )
-                        for resource in (data.resource_metrics if data is not None else ())
-                        for scope in resource.scope_metrics
-                        for metric in scope.metrics
-                        for point in metric.data.data_points
-                    ]
-                )
+                seen.append(point_summaries(data))
             collected.append(seen)
         finally:
             provider.shutdown()

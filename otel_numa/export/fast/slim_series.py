@@ -36,7 +36,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
 
 from otel_numa.export.fast.new_matches import on_new_matches
-from otel_numa.export.fast.patch import Patch
+from otel_numa.export.fast.patch import Patch, point_summaries
 from otel_numa.instruments.observations import Observations
 from otel_numa.series_attributes import SeriesAttributes
 
@@ -375,20 +375,7 @@ def _check() -> str | None:
             for current[0] in rounds:
                 for reader in readers:
                     data = reader.get_metrics_data()
-                    seen.append(
-                        [
-                            (
-                                metric.name,
-                                dict(point.attributes or {}),
-                                getattr(point, "value", None),
-                                bool(point.start_time_unix_nano),
-                            )
-                            for resource in (data.resource_metrics if data is not None else ())
-                            for scope in resource.scope_metrics
-                            for metric in scope.metrics
-                            for point in metric.data.data_points
-                        ]
-                    )
+                    seen.append(point_summaries(data))
             collected.append(seen)
             if patched:
                 storages = provider._measurement_consumer._reader_storages.values()
