@@ -17,6 +17,9 @@ would mean replacing its ``export`` with a copy of the library's, so it keeps th
 
 from __future__ import annotations
 
+import functools
+import logging
+import sys
 import threading
 import zlib
 from array import array
@@ -34,6 +37,7 @@ from otel_numa.export.otlp_wire import number_point_places, write_points
 # decompressed at each push
 KEPT_COMPRESSION_LEVEL = 1
 _GRPC_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,17 @@ def _same_layout(now: list[object], before: list[object]) -> bool:
 
 def reuse_requests(exporter: object) -> bool:
     """Apply the patch to ``exporter`` when it is the gRPC OTLP metric exporter with the library's own
-    translation; False, and nothing changed, otherwise."""
+    translation and the check passes; False, and nothing changed, otherwise."""
     if type(exporter).__module__ != _GRPC_EXPORTER_MODULE:
         return False  # not imported for another exporter
+    problem = _checked()  # checked now if it was not at start: gRPC was not loaded then
+    if problem is not None:
+        _log.warning("the gRPC exporter encodes every push anew: %s", problem)
+        return False
+    return _patch(exporter)
+
+
+def _patch(exporter: object) -> bool:
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
     if type(exporter) is not OTLPMetricExporter or "_translate_data" in vars(exporter):
@@ -172,7 +184,7 @@ def _check() -> str | None:
     plain = OTLPMetricExporter(endpoint="localhost:1", insecure=True)
     patched = OTLPMetricExporter(endpoint="localhost:1", insecure=True)
     try:
-        if not reuse_requests(patched):
+        if not _patch(patched):
             return "the exporter has another shape"
         for time, push in enumerate(pushes, start=100):
             metrics = data(push, time)
@@ -186,9 +198,18 @@ def _check() -> str | None:
         patched.shutdown(timeout_millis=100)
 
 
+_checked = functools.cache(_check)
+
+
+def _check_if_loaded() -> str | None:
+    """The check, where the agent pushes over gRPC; an agent without an OTLP gRPC exporter never loads gRPC
+    (about 13 MB) for it, and its exporter, if one is made later, is checked before it is patched."""
+    return _checked() if _GRPC_EXPORTER_MODULE in sys.modules else None
+
+
 PATCH = Patch(
     name="reused_requests",
     replaces="the gRPC OTLP exporter's encoding of every data point on every push",
     private_names=("OTLPExporterMixin._translate_data",),
-    check=_check,
+    check=_check_if_loaded,
 )
