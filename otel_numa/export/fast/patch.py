@@ -38,3 +38,14 @@ def point_summaries(data: Any) -> list[tuple[str, dict[str, Any], Any, bool]]:
         for metric in scope.metrics
         for point in metric.data.data_points
     ]
+
+
+class Raising:
+    """Observations that raise ``error`` when the SDK iterates them: a stand-in callback's way to report its
+    instrument's callback error where the SDK's own loop catches and logs it."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __iter__(self) -> Any:
+        raise self._error

@@ -29,7 +29,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import AggregationTemporality
 
 from otel_numa.export.fast.new_matches import on_new_matches
-from otel_numa.export.fast.patch import Patch, point_summaries
+from otel_numa.export.fast.patch import Patch, Raising, point_summaries
 from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.fast.slim_series import PLAIN_POINTS, SlimMeasurements, finite, slim_point
 from otel_numa.instruments.observations import Observations
@@ -112,14 +112,6 @@ class _Unchanged:
         self.repeating[instrument] = collected
 
 
-class _Raising:
-    def __init__(self, error: Exception) -> None:
-        self._error = error
-
-    def __iter__(self) -> Any:
-        raise self._error
-
-
 class _ReusedMeasurements:
     """Stands in for one observable instrument's ``callback``."""
 
@@ -142,7 +134,7 @@ class _ReusedMeasurements:
         try:
             observations = callback(callback_options)
         except Exception as error:  # handed to the SDK's loop, which logs it as it always does
-            observations = _Raising(error)
+            observations = Raising(error)
         made = self._made
         if made is not None and made[0] is observations:
             if unchanged.repeat(instrument, made[1]):

@@ -36,7 +36,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint
 
 from otel_numa.export.fast.new_matches import on_new_matches
-from otel_numa.export.fast.patch import Patch, point_summaries
+from otel_numa.export.fast.patch import Patch, Raising, point_summaries
 from otel_numa.instruments.observations import Observations
 from otel_numa.series_attributes import SeriesAttributes
 
@@ -172,14 +172,6 @@ class SlimMeasurements:
             yield SlimMeasurement(value, time, instrument, attributes)
 
 
-class _Raising:
-    def __init__(self, error: Exception) -> None:
-        self._error = error
-
-    def __iter__(self) -> Any:
-        raise self._error
-
-
 class _SlimCallback:
     """Stands in for one observable instrument's ``callback``."""
 
@@ -197,7 +189,7 @@ class _SlimCallback:
         try:
             observations = callback(callback_options)
         except Exception as error:  # handed to the SDK's loop, which logs it as it always does
-            observations = _Raising(error)
+            observations = Raising(error)
         if type(observations) is Observations and self._slim(observations) and instrument._is_enabled():
             return SlimMeasurements(instrument, observations, time_ns())
         # the SDK's loop over these observations; collections run one at a time (the consumer's lock)
