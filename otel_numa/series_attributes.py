@@ -31,6 +31,9 @@ class SeriesAttributes(SmallMap[str, AttributeValue]):
     __slots__ = ()
 
 
+# a series with no attributes (the agent's own gauges): one shared mapping, so it takes the same paths
+EMPTY_ATTRIBUTES = tuple.__new__(SeriesAttributes, ((),))
+
 _Layout = tuple[tuple[str, ...], Callable[[Mapping[str, Any]], Any]]
 _layouts: dict[tuple[str, ...], _Layout] = {}
 

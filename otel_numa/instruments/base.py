@@ -10,7 +10,12 @@ from opentelemetry.util.types import Attributes
 
 from otel_numa.instruments.catalogue import NUMA_ID, MetricSpec
 from otel_numa.instruments.observations import Observations
-from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
+from otel_numa.series_attributes import (
+    EMPTY_ATTRIBUTES,
+    SeriesAttributes,
+    same_attributes,
+    series_attributes,
+)
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 Point = tuple[float | int, Attributes]
@@ -58,7 +63,7 @@ class Instruments:
                     series: list[Attributes] = []
                     for value, attributes in points:
                         if _exportable(value):
-                            stable = series_attributes(attributes) if attributes else attributes
+                            stable = series_attributes(attributes) if attributes else EMPTY_ATTRIBUTES
                             values.append(value)
                             series.append(kept.get(_identity(stable), stable))
                     observations = Observations(values, tuple(series))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from otel_numa.instruments.base import Observe, Point
+from otel_numa.series_attributes import EMPTY_ATTRIBUTES
 from otel_numa.snapshot.store import Snapshot
 
 SOURCE = "numa.source"
@@ -48,7 +49,7 @@ def _stage_success(snapshot: Snapshot) -> Iterator[Point]:
 
 def _forgetting(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.series_forgetting is not None:
-        yield int(snapshot.series_forgetting), {}
+        yield int(snapshot.series_forgetting), EMPTY_ATTRIBUTES
 
 
 def _process_cpu(snapshot: Snapshot) -> Iterator[Point]:
@@ -59,17 +60,17 @@ def _process_cpu(snapshot: Snapshot) -> Iterator[Point]:
 
 def _process_memory(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.process is not None:
-        yield snapshot.process.resident_bytes, {}
+        yield snapshot.process.resident_bytes, EMPTY_ATTRIBUTES
 
 
 def _process_fds(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.process is not None:
-        yield snapshot.process.open_file_descriptors, {}
+        yield snapshot.process.open_file_descriptors, EMPTY_ATTRIBUTES
 
 
 def _process_threads(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.process is not None:
-        yield snapshot.process.threads, {}
+        yield snapshot.process.threads, EMPTY_ATTRIBUTES
 
 
 OBSERVERS: dict[str, Observe] = {
@@ -91,6 +92,6 @@ def fast_path_observers(fast_path: bool) -> dict[str, Observe]:
     """``numa.agent.fast_path``: which export path the pipeline chose when it was built."""
 
     def _fast_path(_snapshot: Snapshot) -> Iterator[Point]:
-        yield int(fast_path), {}
+        yield int(fast_path), EMPTY_ATTRIBUTES
 
     return {"numa.agent.fast_path": _fast_path}

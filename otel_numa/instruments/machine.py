@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from otel_numa.accounting.allocation import hugepage_size_label
 from otel_numa.instruments.base import NUMA_ID, Observe, Part, Point
+from otel_numa.series_attributes import EMPTY_ATTRIBUTES
 from otel_numa.snapshot.store import Snapshot
 
 KIB = 1024
@@ -13,7 +14,7 @@ KIB = 1024
 
 def _node_count(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.machine is not None:
-        yield len(snapshot.machine.topology.nodes), {}
+        yield len(snapshot.machine.topology.nodes), EMPTY_ATTRIBUTES
 
 
 def _cpu_capacity(snapshot: Snapshot) -> Iterator[Point]:

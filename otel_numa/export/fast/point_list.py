@@ -2,20 +2,68 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
-class PointList(list[Any]):
-    """A list of data points (what the SDK's collection hands on), carrying the tuples of their attribute
-    mappings and of their values that ``repeated_points`` keeps between collections: the page's
+class PointList(Sequence[Any]):
+    """The data points of one metric (what the SDK's collection hands on), carrying the tuples of their
+    attribute mappings and of their values that ``repeated_points`` keeps between collections: the page's
     translations (``reused_translations``) and the kept OTLP request (``reused_requests``) take those
     instead of making tuples of their own, and find the same series by one identity check (the same
-    tuple while the instrument's series are the same)."""
+    tuple while the instrument's series are the same).
 
-    __slots__ = ("attributes", "values")
+    Repeated points are made only when something reads them: a scrape whose series are the same needs
+    the two tuples only, so it makes no point objects at all; a push, or a translation that starts
+    afresh, makes them on first use. Equal to a list of the same points."""
 
-    def __init__(self, points: Iterable[Any], attributes: tuple[Any, ...], values: tuple[Any, ...]) -> None:
-        super().__init__(points)
+    __slots__ = ("_make", "_points", "attributes", "values")
+
+    def __init__(
+        self,
+        points: list[Any] | None,
+        attributes: tuple[Any, ...],
+        values: tuple[Any, ...],
+        make: Callable[[], list[Any]] | None = None,
+    ) -> None:
+        self._points = points
+        self._make = make  # makes the points when ``points`` is None
         self.attributes = attributes
         self.values = values
+
+    @classmethod
+    def made_later(
+        cls, make: Callable[[], list[Any]], attributes: tuple[Any, ...], values: tuple[Any, ...]
+    ) -> PointList:
+        """Points that ``make`` makes on first use, one per attribute mapping."""
+        return cls(None, attributes, values, make)
+
+    def _made(self) -> list[Any]:
+        points = self._points
+        if points is None:
+            assert self._make is not None
+            # two readers at once make equal lists; either may stay
+            points = self._points = self._make()
+            self._make = None
+        return points
+
+    def __len__(self) -> int:
+        return len(self.attributes)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._made()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._made())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PointList):
+            return self._made() == other._made()
+        if isinstance(other, list):
+            return self._made() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a list's equality: not hashable
+
+    def __repr__(self) -> str:
+        return repr(self._made())

@@ -12,7 +12,8 @@ gives the same points with a new time. So, for the agent's own provider only:
   order (new cgroup readings: the instruments then keep their attributes tuple) whose last points were
   one per observation, with ``slim_series`` on;
 - each of its view-instrument matches' ``collect`` then returns those points with this collection's time
-  (and the new values).
+  (and the new values), made only when something reads them (:class:`PointList`): the page's
+  translation of the same series reads the attribute and value tuples only.
 
 Anything else goes through the SDK's own code: more than one reader, another view, a series forgotten
 (``forget_departed`` swaps the aggregations), new series, a non-finite value.
@@ -49,12 +50,16 @@ class _Collected:
     values: tuple[Any, ...]
 
     def points(self, time: int) -> PointList:
-        """The points again, at ``time``."""
-        made = [
-            slim_point(attributes, start, time, value)
-            for attributes, start, value in zip(self.attributes, self.starts, self.values, strict=True)
-        ]
-        return PointList(made, self.attributes, self.values)
+        """The points again, at ``time`` (made when first read: a scrape of the same series reads none)."""
+        attributes, starts, values = self.attributes, self.starts, self.values
+
+        def make() -> list[Any]:
+            return [
+                slim_point(series, start, time, value)
+                for series, start, value in zip(attributes, starts, values, strict=True)
+            ]
+
+        return PointList.made_later(make, attributes, values)
 
 
 class _Unchanged:
