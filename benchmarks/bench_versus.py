@@ -61,8 +61,9 @@ class Figures:
 
     def row(self, label: str, form: str) -> str:
         mine, theirs = median(self.this), median(self.other)
-        rounds = " ".join(f"{a / b:.2f}" for a, b in zip(self.this, self.other, strict=True) if b)
-        return f"| {label} | {mine:{form}} | {theirs:{form}} | {mine / theirs:.3f} ({rounds}) |"
+        rounds = " ".join(f"{a / b:.2f}" if b else "n/a" for a, b in zip(self.this, self.other, strict=True))
+        both = f"{mine / theirs:.3f}" if theirs else "n/a"
+        return f"| {label} | {mine:{form}} | {theirs:{form}} | {both} ({rounds}) |"
 
 
 def unchanged_rounds(
@@ -105,7 +106,8 @@ def fresh_rounds(
         socket_args = stack.enter_context(podresources_server(tree.node, work, f"{tree.key}-fresh"))
         exporter = stack.enter_context(run_node_exporter(tree.sysfs_root, tree.procfs_root, work))
         idle = idle_rates([exporter], 2)
-        interval_s = 1.0 if tree.key != "8x48" else 1.5
+        # long enough for a background round and a scrape of each agent, as bench_cost chooses it
+        interval_s = {"8x48": 3.0}.get(tree.key, 1.0)
         args = [*tree.agent_args, *socket_args, *common_args(endpoint, interval_s)]
         for number in range(rounds):
             progress(f"{tree.key}: fresh round {number + 1} of {rounds}")

@@ -142,6 +142,8 @@ class _ReusedMeasurements:
             observations = Raising(error)
         made = self._made
         if made is not None and made[0] is observations:
+            if not made[1]:  # still no series (half the agent's instruments on a node without pods)
+                return ()
             if unchanged.repeat(instrument, made[1]):
                 return ()
             unchanged.hand_over(instrument, made[1])
