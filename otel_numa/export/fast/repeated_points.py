@@ -296,7 +296,10 @@ def _check() -> str | None:
 
 PATCH = Patch(
     name="repeated_points",
-    replaces="the SDK's measure and collect loop for an instrument whose observations did not change",
+    replaces=(
+        "the SDK's measure and collect loop for an instrument whose observations did not change; its points"
+        " are made only when read (a scrape of the same series reads none)"
+    ),
     private_names=(
         "MeterProvider._measurement_consumer",
         "SynchronousMeasurementConsumer._reader_storages",
