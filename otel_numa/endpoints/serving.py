@@ -16,6 +16,7 @@ an idle server sleeps in ``select`` and idle workers block on their queue, at no
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -197,6 +198,7 @@ class Serving:
         self._thread = threading.Thread(target=self._run, name=server.thread_name, daemon=True)
         self._selector = selectors.DefaultSelector()
         self._waiting: dict[socket.socket, _Waiting] = {}  # in accept order: the oldest first
+        self._ready: list[tuple[socket.socket, Any]] = []  # complete heads, handed over before the next sleep
         self._lock = threading.Lock()
         self._open = 0  # connections accepted and not yet closed
         self._paused_at_cap = False
@@ -226,9 +228,14 @@ class Serving:
                         self._advance(key.data)
                 self._expire()
                 self._update_listening()
+                self._submit_ready()
         finally:
             for waiting in list(self._waiting.values()):
                 self._close(waiting)
+            for connection, _address in self._ready:  # complete, but stopping came first
+                connection.close()
+                with self._lock:
+                    self._open -= 1
             selector.close()
 
     def _next_timeout(self) -> float | None:
@@ -353,7 +360,14 @@ class Serving:
         del self._waiting[connection]
         connection.settimeout(REQUEST_TIMEOUT_S)
         self._pooled.give_head(connection, bytes(waiting.head))
-        self._workers.submit(lambda: self._answer(connection, waiting.address))
+        self._ready.append((connection, waiting.address))
+
+    def _submit_ready(self) -> None:
+        """Hand the complete requests to the workers, last before the selector sleeps: a worker woken
+        earlier would wait for this thread's bookkeeping to let go of the interpreter."""
+        ready, self._ready = self._ready, []
+        for connection, address in ready:
+            self._workers.submit(functools.partial(self._answer, connection, address))
 
     def _close(self, waiting: _Waiting) -> None:
         with self._lock:
