@@ -4,8 +4,8 @@ Two bench_cost runs on a shared machine see node_exporter's CPU per series move 
 to the next, which is more than the difference between two versions of the agent. This runs both agents
 in the same session against the same node_exporter: the unchanged scrapes interleaved (this agent, the
 other, node_exporter, round after round), the fresh cycles and the memory pairs in alternating blocks.
-Each figure is the median of ``--rounds`` rounds; the CPU figures are per series and relative to
-node_exporter's in the same round, as in bench_cost.
+Each figure is the median of ``--rounds`` rounds, and the ratio the median of the rounds' ratios; the
+CPU figures are per series and relative to node_exporter's in the same round, as in bench_cost.
 
     .venv/bin/python -m benchmarks.bench_versus --other DIR [--trees hwloc,2x32] [--rounds 3]
 
@@ -61,8 +61,10 @@ class Figures:
 
     def row(self, label: str, form: str) -> str:
         mine, theirs = median(self.this), median(self.other)
-        rounds = " ".join(f"{a / b:.2f}" if b else "n/a" for a, b in zip(self.this, self.other, strict=True))
-        both = f"{mine / theirs:.3f}" if theirs else "n/a"
+        # the rounds are pairs measured side by side: the ratio is the median of theirs
+        ratios = [a / b for a, b in zip(self.this, self.other, strict=True) if b]
+        rounds = " ".join(f"{ratio:.2f}" for ratio in ratios)
+        both = f"{median(ratios):.2f}" if ratios else "n/a"
         return f"| {label} | {mine:{form}} | {theirs:{form}} | {both} ({rounds}) |"
 
 
@@ -149,7 +151,12 @@ def main() -> None:
     options = parser.parse_args()
     other = options.other.resolve()
     header = f"{time.strftime('%Y-%m-%d')}, {git_head()} against {other}; machine: {machine_details()}"
-    lines = [header, "", "| measure | this | other | this / other (each round) |", "|---|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| measure | this | other | this / other, median of the rounds (each round) |",
+        "|---|---:|---:|---:|",
+    ]
     with tempfile.TemporaryDirectory(prefix="bench-versus-") as temporary:
         work = Path(temporary)
         trees = build_trees([key.strip() for key in options.trees.split(",") if key.strip()], work)
