@@ -1,7 +1,7 @@
 """The agent's own process: CPU time, resident memory, open file descriptors and threads.
 
-Read with the os module from the kernel's view of this process (``times(2)``, ``/proc/self``): four
-system calls, ~15 µs a collection. psutil reads the same files but costs ~60 µs a collection, and
+Read from the kernel's view of this process: ``times(2)``, ``/proc/self/statm`` through the sources'
+own file reader, and the ``fd`` and ``task`` listings, ~15 µs a collection. psutil reads the same files but costs ~60 µs a collection, and
 importing it 2.7 MB of resident memory, a twentieth of the agent's.
 """
 
@@ -11,6 +11,7 @@ import os
 
 from otel_numa.model import ProcessUsage
 from otel_numa.sources.errors import SourceUnavailable
+from otel_numa.sources.files import read_bytes
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -27,11 +28,7 @@ class OwnProcess:
     def read(self) -> ProcessUsage:
         try:
             times = os.times()  # user and system CPU of this process, all threads
-            fd = os.open(self._statm, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                statm = os.read(fd, 256)  # "size resident shared text lib data dt", in pages
-            finally:
-                os.close(fd)
+            statm = read_bytes(self._statm)  # "size resident shared text lib data dt", in pages
             return ProcessUsage(
                 cpu_user_s=times.user,
                 cpu_system_s=times.system,
