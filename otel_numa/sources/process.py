@@ -1,8 +1,8 @@
 """The agent's own process: CPU time, resident memory, open file descriptors and threads.
 
 Read from the kernel's view of this process: ``times(2)``, ``/proc/self/statm`` through the sources'
-own file reader, and the ``fd`` and ``task`` listings, ~15 µs a collection. psutil reads the same files but costs ~60 µs a collection, and
-importing it 2.7 MB of resident memory, a twentieth of the agent's.
+own file reader, and the ``fd`` and ``task`` listings, ~15 µs a collection. psutil reads the same files
+but costs ~60 µs a collection, and importing it 2.7 MB of resident memory, a twentieth of the agent's.
 """
 
 from __future__ import annotations
