@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+_ALL = slice(None)
+
 
 class PointList(Sequence[Any]):
     """The data points of one metric (what the SDK's collection hands on), carrying the tuples of their
@@ -14,8 +16,9 @@ class PointList(Sequence[Any]):
     tuple while the instrument's series are the same).
 
     Repeated points are made only when something reads them: a scrape whose series are the same needs
-    the two tuples only, so it makes no point objects at all; a push, or a translation that starts
-    afresh, makes them on first use. Equal to a list of the same points."""
+    the two tuples only, so it makes no point objects at all; a push makes them on first use, and a
+    translation that starts afresh, which reads a first slice of them, makes only that slice (all of
+    them at once were the largest thing a first scrape held). Equal to a list of the same points."""
 
     __slots__ = ("_make", "_points", "attributes", "values")
 
@@ -24,18 +27,19 @@ class PointList(Sequence[Any]):
         points: list[Any] | None,
         attributes: tuple[Any, ...],
         values: tuple[Any, ...],
-        make: Callable[[], list[Any]] | None = None,
+        make: Callable[[slice], list[Any]] | None = None,
     ) -> None:
         self._points = points
-        self._make = make  # makes the points when ``points`` is None
+        self._make = make  # makes the points of a slice of the series while ``points`` is None
         self.attributes = attributes
         self.values = values
 
     @classmethod
     def made_later(
-        cls, make: Callable[[], list[Any]], attributes: tuple[Any, ...], values: tuple[Any, ...]
+        cls, make: Callable[[slice], list[Any]], attributes: tuple[Any, ...], values: tuple[Any, ...]
     ) -> PointList:
-        """Points that ``make`` makes on first use, one per attribute mapping."""
+        """Points that ``make`` makes when read, one per attribute mapping (``make(part)``: those of the
+        series in the slice ``part``)."""
         return cls(None, attributes, values, make)
 
     def _made(self) -> list[Any]:
@@ -43,7 +47,7 @@ class PointList(Sequence[Any]):
         if points is None:
             assert self._make is not None
             # two readers at once make equal lists; either may stay
-            points = self._points = self._make()
+            points = self._points = self._make(_ALL)
             self._make = None
         return points
 
@@ -51,6 +55,9 @@ class PointList(Sequence[Any]):
         return len(self.attributes)
 
     def __getitem__(self, index: Any) -> Any:
+        make = self._make
+        if self._points is None and make is not None and isinstance(index, slice):
+            return make(index)  # a part is made for its reader and not kept
         return self._made()[index]
 
     def __iter__(self) -> Iterator[Any]:

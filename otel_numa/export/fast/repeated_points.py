@@ -53,10 +53,10 @@ class _Collected:
         """The points again, at ``time`` (made when first read: a scrape of the same series reads none)."""
         attributes, starts, values = self.attributes, self.starts, self.values
 
-        def make() -> list[Any]:
+        def make(part: slice) -> list[Any]:
             return [
                 slim_point(series, start, time, value)
-                for series, start, value in zip(attributes, starts, values, strict=True)
+                for series, start, value in zip(attributes[part], starts[part], values[part], strict=True)
             ]
 
         return PointList.made_later(make, attributes, values)

@@ -33,6 +33,9 @@ from otel_numa.series_attributes import SeriesAttributes
 log = logging.getLogger(__name__)
 
 SERIES_PER_SLICE = 128  # ~80 KB of samples and text at once
+# series translated to learn whether a metric with series of the same keys makes one plain sample per
+# series: the page checks each slice again as it renders it, so a few are enough
+PROBED_SERIES = 8
 
 
 @dataclass(eq=False)
@@ -217,13 +220,13 @@ class _TranslatedMetrics:
         families: dict[str, object],
     ) -> _Translation | None:
         """A gauge's or counter's translation as a recipe, when the exporter makes one family of one plain
-        sample per data point of it. Seen on its first slice of points, the only ones translated here, when
-        its series have the same attribute keys: the whole family's samples then never exist at once (the
-        page renders it slice by slice)."""
+        sample per data point of it. Seen on its first few points, the only ones translated here, when its
+        series have the same attribute keys: the whole family's samples then never exist at once (the page
+        renders it slice by slice, and checks each slice)."""
         if type(metric.data) not in (Gauge, Sum) or not values or None in values:
             return None
         sliced = _same_keys(attributes)
-        first = values[:SERIES_PER_SLICE] if sliced else values
+        first = values[:PROBED_SERIES] if sliced else values
         translated: dict[str, object] = {}
         head = _with_points(metric, metric.data.data_points[: len(first)])
         self._translate(head, scope_attrs, resource_attrs, translated)
