@@ -31,13 +31,18 @@ _EOF = b"# EOF\n"
 # zlib's fastest level for the text kept between scrapes: compressed when it changes, decompressed each
 # time it is used
 KEPT_COMPRESSION_LEVEL = 1
+# a shorter text is kept as it is: compressing one costs ~65 µs whatever its size (zlib sets up its
+# window each time), the price of a family that changes every scrape (the agent's own process and
+# source gauges), to save a few hundred bytes
+COMPRESSED_FROM_BYTES = 2048
 
 
 @dataclass
 class _RenderedFamily:
-    # the family's text, compressed (its label sets repeat from line to line: a twentieth of the bytes); a
-    # scrape decompresses it, which costs a fraction of rendering or compressing it
-    compressed: bytes
+    # the family's text, compressed when ``packed`` (its label sets repeat from line to line: a twentieth
+    # of the bytes); a scrape decompresses it, which costs a fraction of rendering or compressing it
+    kept: bytes
+    packed: bool
     # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
     # lines are not one plain "<series> <value>" line per sample
     value_starts: array[int] | None
@@ -48,12 +53,14 @@ class _RenderedFamily:
 
     @property
     def text(self) -> bytes:
-        return zlib.decompress(self.compressed)
+        return zlib.decompress(self.kept) if self.packed else self.kept
 
 
-def _kept(data: bytes) -> bytes:
-    """The compressed form in which a family's text is kept between scrapes."""
-    return zlib.compress(data, KEPT_COMPRESSION_LEVEL)
+def _kept(data: bytes) -> tuple[bytes, bool]:
+    """The form in which a family's text is kept between scrapes, and whether it is compressed."""
+    if len(data) < COMPRESSED_FROM_BYTES:
+        return data, False
+    return zlib.compress(data, KEPT_COMPRESSION_LEVEL), True
 
 
 class RenderedFamilies:
@@ -116,12 +123,12 @@ def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFa
         text = family.recipe.render(family.values, render)
         if text is not None:
             starts = _value_starts(text, len(family.values))
-            return _RenderedFamily(_kept(text), starts, family.recipe, family.values, None)
+            return _RenderedFamily(*_kept(text), starts, family.recipe, family.values, None)
         whole = family.whole()  # a slice that is not one plain sample per series: the whole, as it is
         text = render(_OneFamily(whole))
-        return _RenderedFamily(_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
+        return _RenderedFamily(*_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
     text = render(_OneFamily(family))
-    return _RenderedFamily(_kept(text), _plain_starts(text, family), None, None, family)
+    return _RenderedFamily(*_kept(text), _plain_starts(text, family), None, None, family)
 
 
 def _plain_starts(text: bytes, family: Any) -> array[int] | None:
@@ -181,7 +188,7 @@ def _with_new_values(
         written += len(number)
         copied_to = end
     parts.append(text[copied_to:])
-    return _RenderedFamily(_kept(b"".join(parts)), starts, known.recipe, values, family)
+    return _RenderedFamily(*_kept(b"".join(parts)), starts, known.recipe, values, family)
 
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
