@@ -216,6 +216,34 @@ def test_pages_with_new_values_written_in_are_the_libraries_pages(
         pipeline.shutdown(timeout_s=1)
 
 
+def test_scrapers_asking_for_different_formats_each_get_the_text_kept_for_theirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two scrapers that ask for the text format and OpenMetrics in turn get the libraries' pages, and
+    once each format was rendered, neither makes a family's text anew while the series stay the same."""
+    from prometheus_client.exposition import choose_encoder
+
+    from otel_numa.export.fast import rendered_families
+    from otel_numa.export.pipeline import build_pipeline
+    from otel_numa.testing.wsgi import call_wsgi
+
+    rendered = calls_to(monkeypatch, rendered_families, "_rendered")
+    _node, agent = small_node(tmp_path / "node", disable="health")
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    assert pipeline.registry is not None
+    app = pipeline.page_app()
+    made_per_round = []
+    for _round in range(3):
+        before = len(rendered)
+        for accept in ("application/openmetrics-text; version=1.0.0", "text/plain; version=0.0.4"):
+            encoder, _content_type = choose_encoder(accept)
+            _status, _headers, page = call_wsgi(app, accept=accept)
+            assert page == encoder(pipeline.registry)
+        made_per_round.append(len(rendered) - before)
+    assert made_per_round[0] > 10 and made_per_round[1:] == [0, 0]
+    pipeline.shutdown(timeout_s=1)
+
+
 def test_no_private_name_of_the_libraries_is_imported_when_a_module_is_imported() -> None:
     """Module-level imports of the package name no private module or name of the OpenTelemetry packages or
     prometheus_client (a renamed one would stop the agent at start-up), and outside the patches

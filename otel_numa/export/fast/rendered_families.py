@@ -35,6 +35,10 @@ KEPT_COMPRESSION_LEVEL = 1
 # window each time), the price of a family that changes every scrape (the agent's own process and
 # source gauges), to save a few hundred bytes
 COMPRESSED_FROM_BYTES = 2048
+# forms of the page whose last text is kept: a Prometheus server asks for the same one every time, and
+# two scrapers that ask for different ones (the text format and OpenMetrics, say) must not make every
+# scrape render every family afresh
+KEPT_FORMS = 2
 
 
 @dataclass
@@ -64,15 +68,15 @@ def _kept(data: bytes) -> tuple[bytes, bool]:
 
 
 class RenderedFamilies:
-    """prometheus_client's text and OpenMetrics encoders for the agent's page: reuses the previous
-    scrape's text of a family with the same series and values, writes only the new values into it for a
-    family with the same series, and renders the rest through the library."""
+    """prometheus_client's text and OpenMetrics encoders for the agent's page: reuses the last text (in
+    the form asked for) of a family with the same series and values, writes only the new values into it
+    for a family with the same series, and renders the rest through the library."""
 
     def __init__(self, text_encoder: Callable[..., bytes], openmetrics_encoder: Callable[..., bytes]) -> None:
         self.text_encoder = text_encoder
         self.openmetrics_encoder = openmetrics_encoder
-        self._form: tuple[object, ...] = ()
-        self._last: dict[str, _RenderedFamily] = {}  # by family name, for the last form asked for
+        # by form, the last text of each family by name, for the KEPT_FORMS forms asked for last
+        self._last: dict[tuple[object, ...], dict[str, _RenderedFamily]] = {}
 
     def text(self, registry: Any, **options: str) -> bytes:
         form = ("text", *sorted(options.items()))
@@ -87,8 +91,7 @@ class RenderedFamilies:
     def _render(
         self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
     ) -> bytes:
-        # one form kept: a Prometheus server asks for the same one every time
-        last = self._last if form == self._form else {}
+        last = self._last.pop(form, {})
         now: dict[str, _RenderedFamily] = {}
         parts: list[bytes] = []
         for family in registry.collect():
@@ -98,7 +101,9 @@ class RenderedFamilies:
                 rendered = _rendered(family, render)
             now[family.name] = rendered
             parts.append(rendered.text)
-        self._form, self._last = form, now
+        self._last[form] = now
+        if len(self._last) > KEPT_FORMS:
+            del self._last[next(iter(self._last))]  # the form asked for least recently
         return b"".join(parts)
 
 
