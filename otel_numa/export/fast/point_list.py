@@ -18,7 +18,7 @@ class PointList(Sequence[Any]):
     Repeated points are made only when something reads them: a scrape whose series are the same needs
     the two tuples only, so it makes no point objects at all; a push makes them on first use, and a
     translation that starts afresh, which reads a first slice of them, makes only that slice (all of
-    them at once were the largest thing a first scrape held). Equal to a list of the same points."""
+    them at once would be the largest thing a first scrape holds). Equal to a list of the same points."""
 
     __slots__ = ("_make", "_points", "attributes", "values")
 

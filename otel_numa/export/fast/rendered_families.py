@@ -12,6 +12,7 @@ on the families that ``reused_translations`` keeps, and it serves only the agent
 from __future__ import annotations
 
 import functools
+import threading
 import zlib
 from array import array
 from collections.abc import Callable, Iterable
@@ -28,6 +29,7 @@ from otel_numa.export.fast.patch import Patch
 from otel_numa.export.fast.reused_translations import _OneFamily, _plain, _SeriesRecipe, _ValuesFamily
 
 _EOF = b"# EOF\n"
+_NEWLINE, _COMMENT = ord("\n"), ord("#")
 # zlib's fastest level for the text kept between scrapes: compressed when it changes, decompressed each
 # time it is used
 KEPT_COMPRESSION_LEVEL = 1
@@ -77,6 +79,7 @@ class RenderedFamilies:
         self.openmetrics_encoder = openmetrics_encoder
         # by form, the last text of each family by name, for the KEPT_FORMS forms asked for last
         self._last: dict[tuple[object, ...], dict[str, _RenderedFamily]] = {}
+        self._keeping = threading.Lock()
 
     def text(self, registry: Any, **options: str) -> bytes:
         form = ("text", *sorted(options.items()))
@@ -91,7 +94,7 @@ class RenderedFamilies:
     def _render(
         self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
     ) -> bytes:
-        last = self._last.pop(form, {})
+        last = self._last.get(form, {})
         now: dict[str, _RenderedFamily] = {}
         parts: list[bytes] = []
         for family in registry.collect():
@@ -101,9 +104,11 @@ class RenderedFamilies:
                 rendered = _rendered(family, render)
             now[family.name] = rendered
             parts.append(rendered.text)
-        self._last[form] = now
-        if len(self._last) > KEPT_FORMS:
-            del self._last[next(iter(self._last))]  # the form asked for least recently
+        with self._keeping:  # two scrapes may end at once
+            self._last.pop(form, None)  # then put last: the form asked for most recently
+            self._last[form] = now
+            if len(self._last) > KEPT_FORMS:
+                del self._last[next(iter(self._last))]  # the form asked for least recently
         return b"".join(parts)
 
 
@@ -144,19 +149,20 @@ def _plain_starts(text: bytes, family: Any) -> array[int] | None:
 
 def _value_starts(text: bytes, samples: int) -> array[int] | None:
     """Where each of the ``samples`` plain samples' value starts, when each is one line after the comment
-    lines."""
-    lines = text.split(b"\n")
-    if lines[-1]:  # not one line each
+    lines. Found in place: a bytes object per line of the page's largest family would be most of what a
+    first scrape holds at once."""
+    if text and text[-1] != _NEWLINE:  # not one line each
         return None
     starts = array("i")  # 4 bytes an offset: a family's text is far below 2 GiB
-    offset = 0
-    for line in lines[:-1]:
-        if not line.startswith(b"#"):
-            space = line.rfind(b" ")
+    at = 0
+    while at < len(text):
+        end = text.index(b"\n", at)
+        if text[at] != _COMMENT:
+            space = text.rfind(b" ", at, end)
             if space < 0:
                 return None
-            starts.append(offset + space + 1)
-        offset += len(line) + 1
+            starts.append(space + 1)
+        at = end + 1
     return starts if len(starts) == samples else None
 
 
