@@ -26,11 +26,11 @@ from benchmarks.bench_cost import (
     LONG_INTERVAL_S,
     Receipts,
     Tree,
+    agent_memory,
     build_trees,
     common_args,
     fresh_cycles,
     git_head,
-    paired_memory,
     podresources_server,
     progress,
 )
@@ -126,17 +126,36 @@ def fresh_rounds(
     return figures
 
 
+@dataclass
+class MemoryFigures:
+    per_series_kb: Figures = field(default_factory=Figures)
+    rss_mb: Figures = field(default_factory=Figures)  # with the pods
+    floor_rss_mb: Figures = field(default_factory=Figures)  # the same machine with an empty kubelet
+
+
 def memory_rounds(
     tree: Tree, rotel: Rotel, receipts: Receipts, work: Path, other: Path, rounds: int
-) -> Figures:
-    """KB per series from pairs of agents at equal age (empty kubelet, then the pods), alternating."""
-    figures = Figures()
+) -> MemoryFigures:
+    """Pairs of agents at equal age (empty kubelet, then the pods), this checkout's and the other's in
+    turn: KB per series, and the RSS of each agent of the pair."""
+    assert tree.floor is not None and tree.node is not None
+    figures = MemoryFigures()
     endpoint = f"http://127.0.0.1:{rotel.grpc_port}"
     for number in range(rounds):
         progress(f"{tree.key}: memory round {number + 1} of {rounds}")
-        (this,) = paired_memory(tree, endpoint, receipts, work, None, 1)
-        (that,) = paired_memory(tree, endpoint, receipts, work, other, 1)
-        figures.add(this, that)
+        found = []
+        for agent_tree in (None, other):
+            floor_mb, floor_series = agent_memory(
+                tree.floor, f"{tree.key}-round{number}-floor", endpoint, receipts, work, agent_tree
+            )
+            rss_mb, series = agent_memory(
+                tree.node, f"{tree.key}-round{number}", endpoint, receipts, work, agent_tree
+            )
+            found.append(((rss_mb - floor_mb) * 1024 / max(1, series - floor_series), rss_mb, floor_mb))
+        (this_kb, this_rss, this_floor), (that_kb, that_rss, that_floor) = found
+        figures.per_series_kb.add(this_kb, that_kb)
+        figures.rss_mb.add(this_rss, that_rss)
+        figures.floor_rss_mb.add(this_floor, that_floor)
     return figures
 
 
@@ -174,8 +193,14 @@ def main() -> None:
                 ]
                 if tree.floor is not None:
                     memory = memory_rounds(tree, rotel, receipts, work, other, options.rounds)
-                    lines.append(memory.row(f"{tree.key}: memory per series (KB), pairs at equal age", ".2f"))
-                print("\n".join(lines[-4:]), flush=True)
+                    lines += [
+                        memory.per_series_kb.row(
+                            f"{tree.key}: memory per series (KB), pairs at equal age", ".2f"
+                        ),
+                        memory.rss_mb.row(f"{tree.key}: RSS of those agents with the pods (MB)", ".1f"),
+                        memory.floor_rss_mb.row(f"{tree.key}: RSS with an empty kubelet (MB)", ".1f"),
+                    ]
+                print("\n".join(lines[-6:]), flush=True)
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     options.out.mkdir(parents=True, exist_ok=True)
