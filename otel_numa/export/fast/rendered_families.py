@@ -149,8 +149,7 @@ def _plain_starts(text: bytes, family: Any) -> array[int] | None:
 
 def _value_starts(text: bytes, samples: int) -> array[int] | None:
     """Where each of the ``samples`` plain samples' value starts, when each is one line after the comment
-    lines. Found in place: a bytes object per line of the page's largest family would be most of what a
-    first scrape holds at once."""
+    lines. Found in place, without a bytes object per line."""
     if text and text[-1] != _NEWLINE:  # not one line each
         return None
     starts = array("i")  # 4 bytes an offset: a family's text is far below 2 GiB
