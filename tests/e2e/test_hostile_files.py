@@ -331,6 +331,8 @@ def test_a_slow_background_read_alone_keeps_the_agent_healthy(node: LargeNode, t
         "OTEL_NUMA_STALL_TIMEOUT": "2",
     }
     with serving(node, tmp_path, env=env) as agent:
+        # the first walk runs in the background: on a busy machine the first scrapes come before it
+        wait_for(lambda: container_series(agent.scrape()) > 0, 30, "the first cgroup walk")
         before = container_series(agent.scrape())
         marker.touch()
         agent.wait_counted("cgroup", "timeout")
