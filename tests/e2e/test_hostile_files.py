@@ -176,6 +176,13 @@ def container_series(text: str) -> int:
     return len(series(text, "numa_container_memory_usage_bytes"))
 
 
+def walked_container_series(agent: Serving) -> int:
+    """The page's container series once the first cgroup walk is in: it runs in the background, and on a
+    busy machine the first scrapes come before it."""
+    wait_for(lambda: container_series(agent.scrape()) > 0, 30, "the first cgroup walk")
+    return container_series(agent.scrape())
+
+
 # --- names are data --------------------------------------------------------------------------------
 
 
@@ -331,9 +338,7 @@ def test_a_slow_background_read_alone_keeps_the_agent_healthy(node: LargeNode, t
         "OTEL_NUMA_STALL_TIMEOUT": "2",
     }
     with serving(node, tmp_path, env=env) as agent:
-        # the first walk runs in the background: on a busy machine the first scrapes come before it
-        wait_for(lambda: container_series(agent.scrape()) > 0, 30, "the first cgroup walk")
-        before = container_series(agent.scrape())
+        before = walked_container_series(agent)
         marker.touch()
         agent.wait_counted("cgroup", "timeout")
         time.sleep(3)  # past the stall timeout
@@ -417,7 +422,7 @@ def test_numa_stat_naming_nodes_beyond_the_machine_is_refused(node: LargeNode, t
     values = " ".join(f"N{index}=4096" for index in range(16000))
     hostile = "".join(f"{kind} {4096 * 16000} {values}\n" for kind in ("anon", "file", "kernel_stack"))
     with serving(node, tmp_path) as agent:
-        before = container_series(agent.scrape())
+        before = walked_container_series(agent)
         write_atomically(path, hostile.encode())
         agent.wait_counted("cgroup", "out_of_range")
         assert container_series(agent.scrape()) <= before
