@@ -473,21 +473,34 @@ def agent_memory(
             return agent.rss_bytes() / 2**20, count_series(body)
 
 
+@dataclass(frozen=True)
+class MemoryPair:
+    """Two agents at equal age on one tree: with an empty kubelet (the floor), then with the pods."""
+
+    floor_rss_mb: float
+    rss_mb: float
+    per_series_kb: float  # the RSS difference over the difference in series
+
+
+def memory_pair(
+    tree: Tree, label: str, endpoint: str, receipts: Receipts, work: Path, agent_tree: Path | None
+) -> MemoryPair:
+    assert tree.floor is not None and tree.node is not None
+    floor_rss, floor_series = agent_memory(tree.floor, f"{label}-floor", endpoint, receipts, work, agent_tree)
+    rss, series = agent_memory(tree.node, label, endpoint, receipts, work, agent_tree)
+    return MemoryPair(floor_rss, rss, (rss - floor_rss) * 1024 / max(1, series - floor_series))
+
+
 def paired_memory(
     tree: Tree, endpoint: str, receipts: Receipts, work: Path, agent_tree: Path | None, pairs: int
 ) -> tuple[float, ...]:
     """KB per series of ``pairs`` pairs of agents at equal age, the empty kubelet's and the pods', run
     alternately: one RSS reading of a threaded process moves by up to a megabyte from run to run, so
     the target is judged on their median."""
-    assert tree.floor is not None and tree.node is not None
-    found = []
-    for pair in range(pairs):
-        floor_rss, floor_series = agent_memory(
-            tree.floor, f"{tree.key}-pair{pair}-floor", endpoint, receipts, work, agent_tree
-        )
-        rss, series = agent_memory(tree.node, f"{tree.key}-pair{pair}", endpoint, receipts, work, agent_tree)
-        found.append((rss - floor_rss) * 1024 / max(1, series - floor_series))
-    return tuple(found)
+    return tuple(
+        memory_pair(tree, f"{tree.key}-pair{pair}", endpoint, receipts, work, agent_tree).per_series_kb
+        for pair in range(pairs)
+    )
 
 
 def measure_tree(tree: Tree, rotel: Rotel, work: Path, budget: Budget, agent_tree: Path | None) -> TreeResult:

@@ -26,11 +26,11 @@ from benchmarks.bench_cost import (
     LONG_INTERVAL_S,
     Receipts,
     Tree,
-    agent_memory,
     build_trees,
     common_args,
     fresh_cycles,
     git_head,
+    memory_pair,
     podresources_server,
     progress,
 )
@@ -138,24 +138,16 @@ def memory_rounds(
 ) -> MemoryFigures:
     """Pairs of agents at equal age (empty kubelet, then the pods), this checkout's and the other's in
     turn: KB per series, and the RSS of each agent of the pair."""
-    assert tree.floor is not None and tree.node is not None
     figures = MemoryFigures()
     endpoint = f"http://127.0.0.1:{rotel.grpc_port}"
     for number in range(rounds):
         progress(f"{tree.key}: memory round {number + 1} of {rounds}")
-        found = []
-        for agent_tree in (None, other):
-            floor_mb, floor_series = agent_memory(
-                tree.floor, f"{tree.key}-round{number}-floor", endpoint, receipts, work, agent_tree
-            )
-            rss_mb, series = agent_memory(
-                tree.node, f"{tree.key}-round{number}", endpoint, receipts, work, agent_tree
-            )
-            found.append(((rss_mb - floor_mb) * 1024 / max(1, series - floor_series), rss_mb, floor_mb))
-        (this_kb, this_rss, this_floor), (that_kb, that_rss, that_floor) = found
-        figures.per_series_kb.add(this_kb, that_kb)
-        figures.rss_mb.add(this_rss, that_rss)
-        figures.floor_rss_mb.add(this_floor, that_floor)
+        label = f"{tree.key}-round{number}"
+        this = memory_pair(tree, label, endpoint, receipts, work, None)
+        that = memory_pair(tree, label, endpoint, receipts, work, other)
+        figures.per_series_kb.add(this.per_series_kb, that.per_series_kb)
+        figures.rss_mb.add(this.rss_mb, that.rss_mb)
+        figures.floor_rss_mb.add(this.floor_rss_mb, that.floor_rss_mb)
     return figures
 
 

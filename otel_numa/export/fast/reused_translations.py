@@ -32,7 +32,7 @@ from otel_numa.series_attributes import SeriesAttributes
 
 log = logging.getLogger(__name__)
 
-SERIES_PER_SLICE = 128  # ~80 KB of samples and text at once
+SERIES_PER_SLICE = 128  # ~200 KB of points, label dicts, label names and text at once (2x32 node)
 # series translated to learn whether a metric with series of the same keys makes one plain sample per
 # series: the page checks each slice again as it renders it, so a few are enough
 PROBED_SERIES = 8
