@@ -51,6 +51,11 @@ def test_same_attributes_compares_an_instruments_new_dict_with_the_kept_mapping(
     assert not same_attributes(kept, {**POD, "numa.memory.type": "file"})
     assert not same_attributes(kept, {key: value for key, value in POD.items() if key != "numa.node.id"})
     assert not same_attributes(kept, {**POD, "numa.node.id": "1"})  # a string is another attribute value
+    assert same_attributes(kept, dict(reversed(POD.items())))  # the keys in another order
+    assert not same_attributes(kept, {**POD, "k8s.pod.name": 7})
+    one = series_attributes({"numa.node.id": 1})
+    assert same_attributes(one, {"numa.node.id": 1}) and not same_attributes(one, {"numa.node.id": 2})
+    assert not same_attributes(one, {"numa.node.id": 1.5})  # not flat: compared as mappings
 
 
 def test_observations_hand_the_sdk_the_series_items_as_a_plain_mapping() -> None:
