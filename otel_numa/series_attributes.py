@@ -43,28 +43,35 @@ def series_attributes(attributes: Mapping[str, AttributeValue]) -> Mapping[str, 
     """``attributes`` as :class:`SeriesAttributes`, or as they are when they are not flat (or empty)."""
     if type(attributes) is SeriesAttributes or not attributes:
         return attributes
-    layout = _layout(tuple(attributes))
-    if layout is None:
+    flat = _sorted_flat(attributes)
+    if flat is None:
         return attributes
-    sorted_keys, values_of = layout
-    values = values_of(attributes)
-    if not FLAT_VALUE_TYPES.issuperset(map(type, values)):
-        return attributes
+    sorted_keys, values = flat
     return tuple.__new__(SeriesAttributes, (sorted_keys, *values))
 
 
 def same_attributes(stable: Attributes, attributes: Attributes) -> bool:
     """Whether ``attributes`` (as an instrument made them) are the set ``stable`` holds."""
     if type(stable) is SeriesAttributes and attributes:
-        layout = _layout(tuple(attributes))
-        if layout is not None:
-            sorted_keys, values_of = layout
-            values = values_of(attributes)
-            if FLAT_VALUE_TYPES.issuperset(map(type, values)):
-                # what series_attributes(attributes) == stable says, without making that tuple
-                kept_keys, kept_values = tuple.__getitem__(stable, 0), tuple.__getitem__(stable, _VALUES)
-                return bool(sorted_keys == kept_keys and values == kept_values)
+        flat = _sorted_flat(attributes)
+        if flat is not None:
+            # what series_attributes(attributes) == stable says, without making that tuple
+            sorted_keys, values = flat
+            kept_keys, kept_values = tuple.__getitem__(stable, 0), tuple.__getitem__(stable, _VALUES)
+            return bool(sorted_keys == kept_keys and values == kept_values)
     return stable == attributes
+
+
+def _sorted_flat(attributes: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+    """``attributes``' sorted keys and their values in that order, or None when they are not flat."""
+    layout = _layout(tuple(attributes))
+    if layout is None:
+        return None
+    sorted_keys, values_of = layout
+    values = values_of(attributes)
+    if not FLAT_VALUE_TYPES.issuperset(map(type, values)):
+        return None
+    return sorted_keys, values
 
 
 def _layout(keys: tuple[str, ...]) -> _Layout | None:
