@@ -7,12 +7,30 @@ values; accounting turns them into allocation and per-container usage; the snaps
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 NO_NUMA = -1  # numa.node.id of a device with no NUMA affinity
+
+
+class Source(enum.StrEnum):
+    """What the agent reads: the values of ``numa.source`` on its health series."""
+
+    SYSFS = "sysfs"
+    PROCFS = "procfs"
+    CPU_MANAGER = "cpu_manager"
+    MEMORY_MANAGER = "memory_manager"
+    DEVICE_MANAGER = "device_manager"
+    PODRESOURCES = "podresources"
+    CRI = "cri"
+    CGROUP = "cgroup"
+    DRA_MANAGER = "dra_manager"
+    CDI = "cdi"
+
+
 CgroupLayout = Literal["v1", "v2"]
 HugepageKey = tuple[int, str]  # (numa id, k8s.hugepage.size)
 DeviceKey = tuple[int, str]  # (numa id, numa.resource.name)

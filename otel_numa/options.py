@@ -9,6 +9,7 @@ ever importing pydantic (:func:`to_json` / :func:`from_json` carry them across `
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import types
 import typing
@@ -16,7 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-MachinePart = Literal["memory", "hugepages", "numastat", "cpu_time", "pci"]
+
+class MachinePart(enum.StrEnum):
+    """What the machine collector reads besides the topology, each only when an enabled metric needs it
+    (the catalogue says which)."""
+
+    MEMORY = "memory"  # nodeN/meminfo
+    HUGEPAGES = "hugepages"  # nodeN/hugepages
+    NUMASTAT = "numastat"  # nodeN/numastat
+    CPU_TIME = "cpu_time"  # /proc/stat
+    PCI = "pci"  # bus/pci/devices
+
+
 EnrichMode = Literal["info", "attributes"]
 Address = tuple[str, int]
 
@@ -95,6 +107,7 @@ class AgentOptions:
     cgroups: CgroupOptions | None = None
     log_level: str = "info"
     stall_timeout_s: float = 60.0  # /healthz turns 503 when one collection has run this long
+    own_process: bool = False  # whether the agent reads its own process's cost (the process.* series)
 
 
 # Across exec ----------------------------------------------------------------------------------------
@@ -131,6 +144,8 @@ def _typed(hint: Any, value: Any) -> Any:
         return tuple(_typed(arg, item) for arg, item in zip(args, value, strict=True))
     if origin is Literal or hint in (str, int, float, bool, Any):
         return value
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
     if hint is Path:
         return Path(value)
     if dataclasses.is_dataclass(hint):

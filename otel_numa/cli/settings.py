@@ -25,14 +25,14 @@ from pydantic_settings import (
 )
 
 from otel_numa.instruments import catalogue
-from otel_numa.instruments.catalogue import MetricGroup, Source
+from otel_numa.instruments.catalogue import MetricGroup
+from otel_numa.model import Source
 from otel_numa.options import (
     AgentOptions,
     CgroupOptions,
     ExportOptions,
     KubeletOptions,
     MachineOptions,
-    MachinePart,
     PodResourcesOptions,
     RuntimeOptions,
     TlsOptions,
@@ -334,7 +334,7 @@ class Settings(BaseSettings):
             machine=MachineOptions(
                 self.sysfs_root,
                 self.procfs_root,
-                frozenset(part for metric, part in MACHINE_PARTS if metric in names),
+                catalogue.machine_parts_of(metrics),
             ),
             kubelet=(
                 KubeletOptions(
@@ -381,24 +381,12 @@ class Settings(BaseSettings):
                 fast_path=self.fast_path,
             ),
             log_level=self.log_level,
+            own_process=bool(catalogue.PROCESS_METRICS & names),
         )
 
 
 INFO_METRIC = "numa.container.info"
 PER_CONTAINER_GROUPS = frozenset({MetricGroup.CONTAINERS, MetricGroup.CONTAINER_USAGE})
-# The parts of the machine a metric needs read besides the topology (container usage needs to know which
-# nodes have memory).
-MACHINE_PARTS: tuple[tuple[str, MachinePart], ...] = (
-    ("numa.memory.capacity", "memory"),
-    ("numa.memory.usage", "memory"),
-    ("numa.container.memory.locality", "memory"),
-    ("numa.container.cpuset.nodes", "memory"),
-    ("numa.hugepages.capacity", "hugepages"),
-    ("numa.hugepages.free", "hugepages"),
-    ("numa.memory.page.allocations", "numastat"),
-    ("numa.cpu.time", "cpu_time"),
-    ("numa.pci.device.count", "pci"),
-)
 
 
 def _address_or_none(value: str) -> tuple[str, int] | None:

@@ -1,8 +1,6 @@
-"""Wires sources, collectors, the snapshot store, the pipeline and the HTTP endpoints together.
+"""Wires the snapshot builder and store, the pipeline, the scheduler and the HTTP endpoints together.
 
-Only the parts the enabled metrics need are built (:meth:`otel_numa.cli.settings.Settings.to_options`
-decides): a switched-off group's sources are never opened. A snapshot is built in isolated stages
-(:mod:`otel_numa.snapshot.stages`): machine, allocation, container usage, enrichment.
+What is read and how a snapshot is built is :mod:`otel_numa.snapshot.builder`'s job; the agent serves it.
 """
 
 from __future__ import annotations
@@ -10,33 +8,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
-from typing import Any
 
 from prometheus_client import generate_latest
 
-from otel_numa.accounting.allocation import compute_allocation
 from otel_numa.daemon.heap import HeapPolicy
 from otel_numa.daemon.scheduler import Scheduler, WithDeadline
 from otel_numa.endpoints.health import HealthServer
 from otel_numa.endpoints.metrics_page import MetricsServer
 from otel_numa.export.pipeline import Pipeline, build_pipeline
-from otel_numa.instruments.catalogue import PROCESS_METRICS
-from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage, ProcessUsage
 from otel_numa.options import AgentOptions
-from otel_numa.snapshot.collectors.background import BackgroundSources
-from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
-from otel_numa.snapshot.collectors.dra import DraPlacer
-from otel_numa.snapshot.collectors.kubelet import KubeletCollector
-from otel_numa.snapshot.collectors.machine import MachineCollector
-from otel_numa.snapshot.memo import LastResult
+from otel_numa.snapshot.builder import SnapshotBuilder
 from otel_numa.snapshot.source_status import SourceRegistry
-from otel_numa.snapshot.stages import Stage
-from otel_numa.snapshot.store import Snapshot, SnapshotStore
+from otel_numa.snapshot.store import SnapshotStore
 from otel_numa.snapshot.watch import CheckpointWatcher
-from otel_numa.sources import roots
-from otel_numa.sources.errors import SourceError
-from otel_numa.sources.process import OwnProcess
 
 log = logging.getLogger(__name__)
 
@@ -66,42 +50,9 @@ class Agent:
         self.options = options
         self._heap = heap
         self.sources = SourceRegistry()
-        machine = options.machine
-        self._machine = MachineCollector(
-            machine.sysfs_root, machine.procfs_root, self.sources, parts=machine.parts
-        )
-        self._kubelet = KubeletCollector(options.kubelet, self.sources) if options.kubelet else None
-        # places DRA devices on NUMA nodes; only when a metric counts devices
-        self._dra = (
-            DraPlacer(options.kubelet.cdi_spec_dirs, machine.sysfs_root, machine.procfs_root, self.sources)
-            if options.kubelet is not None and options.kubelet.place_dra_devices
-            else None
-        )
-        # podresources and the runtime: refreshed by the scheduler, only read by snapshot builds
-        self.background = BackgroundSources(options.podresources, options.runtime, self.sources)
-        self._cgroups: CgroupCollector | None = None
-        if options.cgroups is not None:
-            cgroups = options.cgroups
-            names = ContainerLogNames(cgroups.container_logs_root)
-            machine_collector = self._machine
-            self._cgroups = CgroupCollector(
-                cgroups.cgroup_root,
-                names,
-                self.sources,
-                memory_types=cgroups.memory_types,
-                topology=lambda: machine_collector.topology,
-            )
-        self._allocation: LastResult[Allocation] = LastResult()
-        self._process = OwnProcess() if PROCESS_METRICS & set(options.metrics) else None
-        self._process_failed = False
-        # Each stage counts its internal errors on the source it mainly reads.
-        tracker = self.sources.tracker
-        self._machine_stage: Stage[MachineUsage | None] = Stage("machine", tracker("sysfs"), None)
-        self._allocation_stage = Stage("allocation", tracker("cpu_manager"), (KubeletState(), Allocation()))
-        self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage("container_usage", tracker("cgroup"), ())
-        self._enrichment_stage = Stage("enrichment", tracker("cri"), Allocation())
-        self.store = SnapshotStore(self._build_snapshot, stale=self._stale_snapshot)
-        self._check_roots()
+        self.builder = SnapshotBuilder(options, self.sources)
+        self.background = self.builder.background
+        self.store = SnapshotStore(self.builder.build, stale=self.builder.stale)
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
         self._prometheus_server: MetricsServer | None = None
@@ -109,111 +60,15 @@ class Agent:
         self.watcher: CheckpointWatcher | None = None
         self._stopped = threading.Event()
 
-    def _check_roots(self) -> None:
-        """A root that holds none of what it should is a mount mistake: warn once and report its sources
-        as failing, so a mis-mounted DaemonSet does not look healthy."""
-        options = self.options
-        problems: list[tuple[str | None, tuple[str, ...]]] = [
-            (roots.sysfs_problem(options.machine.sysfs_root), ("sysfs",))
-        ]
-        if options.kubelet is not None and options.kubelet.checkpoints:
-            checkpoints = tuple(sorted(options.kubelet.checkpoints))
-            problems.append((roots.kubelet_problem(options.kubelet.kubelet_root), checkpoints))
-        if options.cgroups is not None:
-            problems.append((roots.cgroup_problem(options.cgroups.cgroup_root), ("cgroup",)))
-        for problem, names in problems:
-            if problem is not None:
-                log.warning("%s; numa.agent.source.success is 0 for %s", problem, ", ".join(names))
-                for name in names:
-                    self.sources.tracker(name).wrong_root(problem)
-
-    # Snapshot -----------------------------------------------------------------------------------
-
-    def _build_snapshot(self) -> Snapshot:
-        self.sources.count_stuck_reads()  # a background read that hangs (the cgroup walk) is counted too
-        machine = self._machine_stage.run(self._machine.collect)
-        stages: list[Stage[Any]] = [self._machine_stage]
-        kubelet, allocation = KubeletState(), Allocation()
-        if self._kubelet is not None:
-            kubelet, allocation = self._allocation_stage.run(lambda: self._allocate(machine))
-            stages.append(self._allocation_stage)
-        if self.background.runtime is not None:
-            allocated = allocation
-            allocation = self._enrichment_stage.run(lambda: self.background.enrich(allocated))
-            stages.append(self._enrichment_stage)
-        usage: tuple[ContainerUsage, ...] = ()
-        if self._cgroups is not None:
-            cgroups, joined_allocation = self._cgroups, allocation
-            usage = self._usage_stage.run(
-                lambda: cgroups.containers(joined_allocation, machine, kubelet.live_pods)
-            )
-            stages.append(self._usage_stage)
-        return Snapshot(
-            taken_at=time.monotonic(),
-            machine=machine,
-            allocation=allocation,
-            sources=self.sources.reports(),
-            container_usage=usage,
-            stages=tuple(stage.report for stage in stages if stage.report is not None),
-            series_forgetting=self.pipeline.forgetting_supported if self.pipeline is not None else None,
-            process=self._read_process(),
-        )
-
-    def _stale_snapshot(self, latest: Snapshot | None, now: float) -> Snapshot:
-        """What a collection serves while a build hangs: the last good data, aged to now, with the stuck
-        reads counted as ``timeout`` errors."""
-        self.sources.count_stuck_reads()
-        if latest is None:
-            return Snapshot(
-                taken_at=now, machine=None, allocation=Allocation(), sources=self.sources.reports()
-            )
-        return replace(latest, taken_at=now, sources=self.sources.reports())
-
     def healthy(self) -> bool:
         """False once one collection has run longer than the stall timeout (``/healthz``)."""
         return self.store.stalled_for() <= self.options.stall_timeout_s
-
-    def _read_process(self) -> ProcessUsage | None:
-        """The agent's own cost, once per snapshot (every callback of a collection reads this one)."""
-        if self._process is None:
-            return None
-        try:
-            usage = self._process.read()
-        except SourceError as exc:
-            if not self._process_failed:
-                log.warning("%s; the process.* series are left out", exc)
-            self._process_failed = True
-            return None
-        self._process_failed = False
-        return usage
-
-    def _allocate(self, machine: MachineUsage | None) -> tuple[KubeletState, Allocation]:
-        assert self._kubelet is not None
-        # the checkpoints are judged against the machine: ids it does not have make a file not its own
-        topology = machine.topology if machine is not None else None
-        cpus = topology.online_cpus if topology is not None else frozenset()
-        nodes = frozenset(topology.node_ids) if topology is not None else None
-        kubelet = self.background.merge(self._kubelet.collect(max(cpus) if cpus else None, nodes))
-        if machine is None:  # no topology yet: nothing can be put on a NUMA node
-            return kubelet, Allocation()
-        if self._dra is not None:
-            placed, unknown = self._dra.place(kubelet, machine.pci, machine.topology)
-            if placed or unknown:
-                kubelet = replace(kubelet, dra_numa=placed, dra_unknown=unknown)
-        reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None
-        allocation = self._allocation.get(
-            (machine.topology, kubelet), lambda: compute_allocation(kubelet, machine.topology, reserved)
-        )
-        self.background.count_disagreements(allocation)
-        return kubelet, allocation
 
     # One-shot mode ------------------------------------------------------------------------------
 
     def refresh_background(self) -> None:
         """Every background read at once, in this thread (``--once`` and in-process use: no scheduler)."""
-        if self._cgroups is not None:
-            self._cgroups.refresh()
-        self.background.refresh_once()
+        self.builder.refresh_background()
 
     def exposition_once(self) -> bytes:
         """The Prometheus text exposition of one collection; a read that hangs costs it at most
@@ -260,9 +115,10 @@ class Agent:
         # Take the first snapshot now, so /readyz turns green without waiting for a scrape.
         self.store.refresh(wait_s=START_WAIT_S)
         # the cgroup walk reads a few files per container: one that hangs must not hold the push
+        cgroups = self.builder.cgroups
         cgroup_refresh = (
-            [WithDeadline(self._cgroups.refresh, BACKGROUND_READ_WAIT_S, "otel-numa-cgroups")]
-            if self._cgroups is not None
+            [WithDeadline(cgroups.refresh, BACKGROUND_READ_WAIT_S, "otel-numa-cgroups")]
+            if cgroups is not None
             else []
         )
         self.scheduler = Scheduler(
@@ -274,8 +130,8 @@ class Agent:
         )
         self.scheduler.start()
         # A kubelet state change runs at once: podresources and runtime refresh, then an OTLP push.
-        if self._kubelet is not None:
-            self.watcher = CheckpointWatcher(self._kubelet.watched_files, self.scheduler.trigger)
+        if self.builder.kubelet is not None:
+            self.watcher = CheckpointWatcher(self.builder.kubelet.watched_files, self.scheduler.trigger)
             self.watcher.start()
         log.info("otel-numa serving node %s with exporters %s", options.node_name, ",".join(export.exporters))
         self._log_where()

@@ -162,12 +162,6 @@ class Pipeline:
     def meter_provider(self) -> MeterProvider:
         return self._readers.provider
 
-    @property
-    def forgetting_supported(self) -> bool:
-        """Departed pods' series are always forgotten: in place by the janitor where it serves, else by a
-        planned rebuild of the readers (:meth:`forget_departed`)."""
-        return True
-
     def page_app(self) -> WSGIApp:
         """The page's WSGI app (uncompressed; the server compresses)."""
         assert self.registry is not None

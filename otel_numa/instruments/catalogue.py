@@ -15,6 +15,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from otel_numa.model import Source
+from otel_numa.options import MachinePart
+
 Kind = Literal["updown", "gauge", "counter"]
 Stability = Literal["stable", "experimental"]
 
@@ -44,21 +47,6 @@ GROUP_MEANINGS: dict[MetricGroup, str] = {
 }
 
 
-class Source(enum.StrEnum):
-    """The values of ``numa.source``: what the agent reads."""
-
-    SYSFS = "sysfs"
-    PROCFS = "procfs"
-    CPU_MANAGER = "cpu_manager"
-    MEMORY_MANAGER = "memory_manager"
-    DEVICE_MANAGER = "device_manager"
-    PODRESOURCES = "podresources"
-    CRI = "cri"
-    CGROUP = "cgroup"
-    DRA_MANAGER = "dra_manager"
-    CDI = "cdi"
-
-
 KUBELET_STATE = (Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER, Source.PODRESOURCES)
 POD_CONTAINER = ("k8s.pod.uid", "k8s.container.name", "k8s.pod.name", "k8s.namespace.name")
 _POD = ("k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name")
@@ -79,6 +67,8 @@ class MetricSpec:
     sources: tuple[Source, ...]  # what must be read to compute it ((): the agent's own state)
     stability: Stability = "stable"
     meaning: str = ""  # the README's longer explanation; the description when empty
+    # what the machine collector must read for it besides the topology
+    parts: tuple[MachinePart, ...] = ()
 
     @property
     def prometheus_name(self) -> str:
@@ -101,14 +91,25 @@ def _m(
     attributes: Sequence[str] = (NUMA_ID,),
     stability: Stability = "stable",
     meaning: str = "",
+    parts: Sequence[MachinePart] = (),
 ) -> MetricSpec:
     return MetricSpec(
-        name, kind, unit, description, tuple(attributes), group, tuple(sources), stability, meaning
+        name,
+        kind,
+        unit,
+        description,
+        tuple(attributes),
+        group,
+        tuple(sources),
+        stability,
+        meaning,
+        tuple(parts),
     )
 
 
 G = MetricGroup
 S = Source
+P = MachinePart
 _CONTAINER_NUMA = (*POD_CONTAINER, NUMA_ID)
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -140,6 +141,7 @@ METRICS: tuple[MetricSpec, ...] = (
         [S.SYSFS],
         "Memory of the NUMA node (MemTotal).",
         meaning="`nodeN/meminfo` MemTotal",
+        parts=[P.MEMORY],
     ),
     _m(
         "numa.hugepages.capacity",
@@ -150,6 +152,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "Hugepages of the NUMA node (nr_hugepages x page size).",
         attributes=(NUMA_ID, "k8s.hugepage.size"),
         meaning="`nr_hugepages` x page size",
+        parts=[P.HUGEPAGES],
     ),
     _m(
         "numa.node.distance",
@@ -172,6 +175,7 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=(NUMA_ID, "cpu.mode"),
         meaning="`/proc/stat` per-CPU times summed over the node's CPUs; modes `user`, `nice`, `system`, "
         "`idle`, `iowait`, `irq`, `softirq`, `steal` (guest time is already inside `user`/`nice`)",
+        parts=[P.CPU_TIME],
     ),
     _m(
         "numa.memory.usage",
@@ -183,6 +187,7 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=(NUMA_ID, "system.memory.state"),
         meaning="`nodeN/meminfo` MemUsed (else MemTotal - MemFree) and MemFree; "
         "`system.memory.state` = `used`, `free`",
+        parts=[P.MEMORY],
     ),
     _m(
         "numa.hugepages.free",
@@ -193,6 +198,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "Free hugepages of the NUMA node (free_hugepages x size).",
         attributes=(NUMA_ID, "k8s.hugepage.size"),
         meaning="`free_hugepages` x page size",
+        parts=[P.HUGEPAGES],
     ),
     _m(
         "numa.memory.page.allocations",
@@ -204,6 +210,7 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=(NUMA_ID, "numa.numastat.type"),
         meaning="`nodeN/numastat`; `numa.numastat.type` = `hit`, `miss`, `foreign`, `interleave_hit`, "
         "`local`, `other`",
+        parts=[P.NUMASTAT],
     ),
     # allocation per NUMA node ---------------------------------------------------------------------------
     _m(
@@ -373,6 +380,7 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=POD_CONTAINER,
         meaning="share of the container's resident memory on its intended NUMA nodes (rule below); "
         "no NUMA id",
+        parts=[P.MEMORY],
     ),
     _m(
         "numa.container.cpuset.nodes",
@@ -384,6 +392,7 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=(*POD_CONTAINER, "numa.cpu.node.ids", "numa.memory.node.ids", "numa.locality.node.ids"),
         meaning="1 per container: the nodes of its effective CPUs, of its effective `cpuset.mems`, and "
         "those its locality refers to (comma lists such as `0,1`)",
+        parts=[P.MEMORY],
     ),
     # the agent's own health ----------------------------------------------------------------------------
     _m(
@@ -451,18 +460,6 @@ METRICS: tuple[MetricSpec, ...] = (
         attributes=("numa.stage",),
         stability="experimental",
         meaning="1 when the stage's last run succeeded, 0 when it raised (its last good result is kept)",
-    ),
-    _m(
-        "numa.agent.series.forgetting",
-        "gauge",
-        "1",
-        G.HEALTH,
-        [],
-        "1 when departed pods' series are forgotten (in place, or by a planned rebuild of the readers).",
-        attributes=(),
-        stability="experimental",
-        meaning="1 when the agent forgets departed pods' series: in place on the accelerated export path, by "
-        "a planned rebuild of the readers on the public path",
     ),
     _m(
         "numa.agent.fast_path",
@@ -561,6 +558,7 @@ METRICS: tuple[MetricSpec, ...] = (
         meaning="sysfs `bus/pci/devices`, read with the topology: `numa_node`, else the one node holding the "
         "function's `local_cpulist`, else -1; `pci.device.class` from the base class (`network`, `display`, "
         "`processing_accelerator`, ...), `pci.function.kind` = `physical` or `virtual` (SR-IOV VF)",
+        parts=[P.PCI],
     ),
     _m(
         "numa.pod.cpu.allocated",
@@ -634,6 +632,10 @@ def select(
 
 def sources_of(metrics: Iterable[MetricSpec]) -> frozenset[Source]:
     return frozenset(source for spec in metrics for source in spec.sources)
+
+
+def machine_parts_of(metrics: Iterable[MetricSpec]) -> frozenset[MachinePart]:
+    return frozenset(part for spec in metrics for part in spec.parts)
 
 
 # The README's table ---------------------------------------------------------------------------------

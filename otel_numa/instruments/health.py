@@ -1,4 +1,4 @@
-"""The agent's own health: source errors, data age and read durations, build stages, series forgetting,
+"""The agent's own health: source errors, data age and read durations, build stages
 and what its process costs."""
 
 from __future__ import annotations
@@ -47,11 +47,6 @@ def _stage_success(snapshot: Snapshot) -> Iterator[Point]:
         yield int(stage.last_ok), {STAGE: stage.name}
 
 
-def _forgetting(snapshot: Snapshot) -> Iterator[Point]:
-    if snapshot.series_forgetting is not None:
-        yield int(snapshot.series_forgetting), EMPTY_ATTRIBUTES
-
-
 def _process_cpu(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.process is not None:
         yield snapshot.process.cpu_user_s, {"cpu.mode": "user"}
@@ -80,7 +75,6 @@ OBSERVERS: dict[str, Observe] = {
     "numa.agent.source.success": _success,
     "numa.agent.stage.duration": _stage_durations,
     "numa.agent.stage.success": _stage_success,
-    "numa.agent.series.forgetting": _forgetting,
     "process.cpu.time": _process_cpu,
     "process.memory.usage": _process_memory,
     "process.open_file_descriptor.count": _process_fds,

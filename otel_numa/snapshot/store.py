@@ -29,8 +29,6 @@ class Snapshot:
     # per-container NUMA usage from cgroups, joined with the allocation; empty when not read
     container_usage: tuple[ContainerUsage, ...] = ()
     stages: tuple[StageReport, ...] = ()
-    # whether departed pods' series can be forgotten in this SDK; None: not known (no pipeline)
-    series_forgetting: bool | None = None
     # the agent's own process, read with the snapshot; None: not wanted or not readable
     process: ProcessUsage | None = None
 

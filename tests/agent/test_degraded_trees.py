@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from otel_numa.model import HugepagePool
+from otel_numa.options import MachinePart
 from otel_numa.snapshot.collectors.machine import ALL_MACHINE_PARTS, MachineCollector
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.testing.device_tree import add_pci_function
@@ -210,7 +211,9 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_parts_not_asked_for_are_never_opened(tmp_path: Path, opened: list[str]) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
     add_pci_function(sysfs_root, "0000:3b:00.0", "0x020000", numa_node="1")
-    collector = MachineCollector(sysfs_root, procfs_root, SourceRegistry(), parts=frozenset({"memory"}))
+    collector = MachineCollector(
+        sysfs_root, procfs_root, SourceRegistry(), parts=frozenset({MachinePart.MEMORY})
+    )
     usage = collector.collect()
     assert usage is not None
     assert set(usage.memory) == {0, 1}

@@ -73,7 +73,6 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_agent_source_success": frozenset({"numa_source"}),
     "numa_agent_stage_duration_seconds": frozenset({"numa_stage"}),
     "numa_agent_stage_success": frozenset({"numa_stage"}),
-    "numa_agent_series_forgetting": frozenset(),
     "numa_agent_fast_path": frozenset(),
     # the agent's own process, OpenTelemetry's process semantic conventions
     "process_cpu_time_seconds_total": frozenset({"cpu_mode"}),

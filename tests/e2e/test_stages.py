@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from otel_numa.daemon import agent as agent_module
+from otel_numa.snapshot import builder as builder_module
 from otel_numa.snapshot.collectors.background import BackgroundSources
 from otel_numa.snapshot.collectors.cgroups import CgroupCollector
 from otel_numa.snapshot.collectors.machine import MachineCollector
@@ -43,7 +43,7 @@ def _boom(*_args: Any, **_kwargs: Any) -> Any:
 
 INJECT = {
     "machine": (MachineCollector, "collect"),
-    "allocation": (agent_module, "compute_allocation"),
+    "allocation": (builder_module, "compute_allocation"),
     "container_usage": (CgroupCollector, "containers"),
     "enrichment": (BackgroundSources, "enrich"),
 }

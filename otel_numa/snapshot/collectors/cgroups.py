@@ -33,6 +33,7 @@ from otel_numa.model import (
     ContainerUsage,
     CpuTimeSplit,
     MachineUsage,
+    Source,
     Topology,
 )
 from otel_numa.snapshot.memo import LastResult
@@ -124,7 +125,7 @@ class CgroupCollector:
     ) -> None:
         self._root = cgroup_root
         self._names = names
-        self._tracker = registry.tracker("cgroup")
+        self._tracker = registry.tracker(Source.CGROUP)
         self._memory_types = memory_types
         self._to_read = memory_types_to_read(memory_types)
         self._reader = reader

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from otel_numa.accounting.allocation import device_numa
-from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciDevices, Topology
+from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciDevices, Source, Topology
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.cdi import CdiDeviceNode, read_cdi_specs
 from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
@@ -48,7 +48,7 @@ class DraPlacer:
         self._dirs = tuple(cdi_dirs)
         self._sysfs_root = sysfs_root
         self._procfs_root = procfs_root
-        self._tracker = registry.tracker("cdi")
+        self._tracker = registry.tracker(Source.CDI)
         self._signature: tuple[StatSignature | None, ...] | None = None
         self._cdi: CdiDevices = {}
         self._cdi_complete = True

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from otel_numa.model import CpuManagerState, DeviceManagerState, KubeletState, MemoryManagerState
+from otel_numa.model import CpuManagerState, DeviceManagerState, KubeletState, MemoryManagerState, Source
 from otel_numa.options import KubeletOptions
 from otel_numa.snapshot.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources.checkpoints import device_manager, memory_manager
@@ -139,30 +139,32 @@ class KubeletCollector:
             CheckpointFile(
                 root / CPU_MANAGER_FILE,
                 lambda path: read_cpu_manager_state(path, self._highest_cpu),
-                registry.tracker("cpu_manager"),
+                registry.tracker(Source.CPU_MANAGER),
             )
-            if "cpu_manager" in wanted
+            if Source.CPU_MANAGER in wanted
             else None
         )
         self.memory = (
             CheckpointFile(
-                root / MEMORY_MANAGER_FILE, read_memory_manager_state, registry.tracker("memory_manager")
+                root / MEMORY_MANAGER_FILE, read_memory_manager_state, registry.tracker(Source.MEMORY_MANAGER)
             )
-            if "memory_manager" in wanted
+            if Source.MEMORY_MANAGER in wanted
             else None
         )
         self.devices = (
             CheckpointFile(
                 root / DEVICE_CHECKPOINT_FILE,
                 _inside(root, read_device_checkpoint),
-                registry.tracker("device_manager"),
+                registry.tracker(Source.DEVICE_MANAGER),
             )
-            if "device_manager" in wanted
+            if Source.DEVICE_MANAGER in wanted
             else None
         )
         self.dra = (
-            CheckpointFile(root / DRA_CHECKPOINT_FILE, read_dra_checkpoint, registry.tracker("dra_manager"))
-            if "dra_manager" in wanted
+            CheckpointFile(
+                root / DRA_CHECKPOINT_FILE, read_dra_checkpoint, registry.tracker(Source.DRA_MANAGER)
+            )
+            if Source.DRA_MANAGER in wanted
             else None
         )
         self._pods = _DirectoryCache(root / "pods", _pod_directories)

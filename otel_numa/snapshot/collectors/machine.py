@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from otel_numa.model import NO_PCI, HugepagePool, MachineUsage, NodeMemory, PciDevices, Topology
+from otel_numa.model import NO_PCI, HugepagePool, MachineUsage, NodeMemory, PciDevices, Source, Topology
 from otel_numa.options import MachinePart
 from otel_numa.snapshot.source_status import SourceRegistry, SourceTracker
 from otel_numa.sources import pci, sysfs
@@ -25,7 +25,7 @@ from otel_numa.sources.sysfs import NodeFiles
 T = TypeVar("T")
 V = TypeVar("V")
 
-ALL_MACHINE_PARTS: frozenset[MachinePart] = frozenset(("memory", "hugepages", "numastat", "cpu_time", "pci"))
+ALL_MACHINE_PARTS: frozenset[MachinePart] = frozenset(MachinePart)
 
 
 class MachineCollector:
@@ -43,8 +43,8 @@ class MachineCollector:
         self._sysfs_root = sysfs_root
         self._procfs_root = procfs_root
         self._parts = parts
-        self._sysfs = registry.tracker("sysfs")
-        self._procfs = registry.tracker("procfs")
+        self._sysfs = registry.tracker(Source.SYSFS)
+        self._procfs = registry.tracker(Source.PROCFS)
         self._topology_key: tuple[str, ...] | None = None
         self._topology: Topology | None = None
         self._topology_complete = False
@@ -86,7 +86,7 @@ class MachineCollector:
     def _read_pci(self, topology: Topology, failed: set[str]) -> None:
         """The PCI functions on ``topology``; a read that met a bad file is done again next round, the
         functions it could read kept meanwhile."""
-        if "pci" not in self._parts:
+        if MachinePart.PCI not in self._parts:
             return
         errors: list[SourceError] = []
         pci_devices = pci.read_pci_devices(self._sysfs_root, topology, on_error=errors.append)
@@ -136,21 +136,21 @@ class MachineCollector:
 
         with self._sysfs.timed():
             memory: Mapping[int, NodeMemory] = per_node(
-                "memory",
+                MachinePart.MEMORY,
                 memory_tracker,
                 lambda on_error: node_files.memory(on_node_error=on_error),
                 last.memory if last else None,
                 _merge_memory,
             )
             hugepages: Mapping[int, tuple[HugepagePool, ...]] = per_node(
-                "hugepages",
+                MachinePart.HUGEPAGES,
                 self._sysfs,
                 lambda on_error: node_files.hugepages(on_node_error=on_error),
                 last.hugepages if last else None,
                 _merge_pools,
             )
             numastat: Mapping[int, Mapping[str, int]] = per_node(
-                "numastat",
+                MachinePart.NUMASTAT,
                 self._sysfs,
                 lambda on_error: node_files.numastat(on_node_error=on_error),
                 last.numastat if last else None,
@@ -165,7 +165,9 @@ class MachineCollector:
             numastat = last.numastat if numastat == last.numastat else numastat
             cpu_time = last.cpu_time if cpu_time == last.cpu_time else cpu_time
         usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time, self._pci)
-        procfs_read = "cpu_time" in self._parts or ("memory" in self._parts and not topology.numa_enabled)
+        procfs_read = MachinePart.CPU_TIME in self._parts or (
+            MachinePart.MEMORY in self._parts and not topology.numa_enabled
+        )
         for tracker in (self._sysfs, self._procfs) if procfs_read else (self._sysfs,):
             if tracker.name not in failed:
                 tracker.succeeded()
@@ -179,7 +181,7 @@ class MachineCollector:
         previous: Mapping[int, Mapping[str, float]] | None,
     ) -> Mapping[int, Mapping[str, float]]:
         """Per-node CPU time; a node that lost a CPU's line this round keeps its last good value."""
-        if "cpu_time" not in self._parts:
+        if MachinePart.CPU_TIME not in self._parts:
             return {}
         had_error = False
 

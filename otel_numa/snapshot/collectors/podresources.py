@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from otel_numa.accounting.allocation import with_podresources
 from otel_numa.accounting.join import join_pods, live_pod_set
-from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView
+from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView, Source
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = "podresources"
+SOURCE = Source.PODRESOURCES
 FIRST_RETRY_S = 0.5
 
 

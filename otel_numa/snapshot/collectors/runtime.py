@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from otel_numa.model import Allocation
+from otel_numa.model import Allocation, Source
 from otel_numa.options import EnrichMode
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the CRI client brings gRPC: imported only where the runtime
 
 log = logging.getLogger(__name__)
 
-SOURCE = "cri"
+SOURCE = Source.CRI
 LABEL_PREFIX, ANNOTATION_PREFIX, ENV_PREFIX = "label_", "annotation_", "env_"
 _NOT_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_]")
 
