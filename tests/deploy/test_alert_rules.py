@@ -2,10 +2,13 @@
 
 `promtool check rules` validates the file; `promtool test rules` runs the unit tests in
 config/prometheus/otel-numa.rules.test.yaml, where every alert fires from synthetic series in one case and
-stays silent in another, with its exact labels and rendered summary and description. The expressions are
-parsed with promql_parser: every series they read must be one the agent exports
-(otel_numa.instruments.catalogue) or one of the few Prometheus/kube-state-metrics series used on purpose,
-and every label they match or group by must exist on those series.
+stays silent in another, with its exact labels and rendered annotations. Every rule follows the mixins'
+conventions (`rule_problems`): an alert has a severity, a summary, a description and a runbook_url that is
+a section of docs/troubleshooting.md; a recording rule is named level:metric:operations; a threshold the
+chart may set is a number followed by `# parameter NAME`. The expressions are parsed with promql_parser:
+every series they read must be one the agent exports (otel_numa.instruments.catalogue), a recording rule of
+the file, or one of the few Prometheus/kube-state-metrics series used on purpose, and every label they match
+or group by must exist on those series.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tests.support import REPO
 
 RULES = REPO / "config" / "prometheus" / "otel-numa.rules.yaml"
 RULE_TESTS = REPO / "config" / "prometheus" / "otel-numa.rules.test.yaml"
+TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 
 # Labels every scraped series of the agent has: k8s_node_name (on the page itself) and the scrape's
 # job/instance.
@@ -54,13 +58,75 @@ def agent_series_labels() -> dict[str, frozenset[str]]:
 AGENT_SERIES = agent_series_labels()
 
 
-def load_alerts() -> list[dict[str, Any]]:
+def load_rules() -> list[dict[str, Any]]:
     document = yaml.safe_load(RULES.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
+    return [rule for group in document["groups"] for rule in group["rules"]]
 
 
-ALERTS = load_alerts()
+RULES_IN_FILE = load_rules()
+ALERTS = [rule for rule in RULES_IN_FILE if "alert" in rule]
 ALERT_NAMES = [rule["alert"] for rule in ALERTS]
+RECORDS = {rule["record"] for rule in RULES_IN_FILE if "record" in rule}
+
+# The mixins' conventions (kubernetes-mixin, node-mixin), which the chart's per-rule overrides rely on.
+ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
+RECORD_KEYS = {"record", "expr", "labels"}
+ANNOTATIONS = {"summary", "description", "runbook_url"}
+RUNBOOK = "docs/troubleshooting.md#"
+# level:metric:operations (https://prometheus.io/docs/practices/rules/)
+RECORD_NAME = re.compile(r"[a-z][a-z0-9_]*:[a-z][a-z0-9_]*:[a-z][a-z0-9_]*")
+# a threshold the chart sets: `300  # parameter sourceStaleSeconds`
+PARAMETER = re.compile(r"(\S+)[ \t]*#[ \t]*parameter[ \t]+(\S+)[ \t]*$", re.MULTILINE)
+NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+
+
+def markdown_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", text, re.MULTILINE):
+        anchors.add(re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def rule_name(rule: dict[str, Any]) -> str:
+    return str(rule.get("alert") or rule.get("record"))
+
+
+def parameters(expr: str) -> list[tuple[str, str]]:
+    """(default, name) of every threshold the chart may set in an expression."""
+    return [(match.group(1), match.group(2)) for match in PARAMETER.finditer(expr)]
+
+
+def rule_problems(rule: dict[str, Any], anchors: set[str]) -> list[str]:
+    """What a rule lacks of the conventions (empty: none)."""
+    name = rule_name(rule)
+    problems = []
+    for default, parameter in parameters(str(rule.get("expr", ""))):
+        if not NUMBER.fullmatch(default):
+            problems.append(f"{name}: `# parameter {parameter}` follows {default!r}, not a number")
+        if not re.fullmatch(r"[a-z][A-Za-z0-9]*", parameter):
+            problems.append(f"{name}: parameter {parameter} is not a camelCase name")
+    if "record" in rule:
+        if set(rule) - RECORD_KEYS:
+            problems.append(f"{name}: a recording rule has only {sorted(RECORD_KEYS)}")
+        if not RECORD_NAME.fullmatch(name):
+            problems.append(f"{name}: a recording rule is named level:metric:operations")
+        return problems
+    if set(rule) - ALERT_KEYS:
+        problems.append(f"{name}: unknown keys {sorted(set(rule) - ALERT_KEYS)}")
+    if not name.startswith("OtelNuma"):
+        problems.append(f"{name}: alert names start with OtelNuma")
+    if rule.get("labels", {}).get("severity") not in SEVERITIES:
+        problems.append(f"{name}: labels.severity is one of {sorted(SEVERITIES)}")
+    annotations = rule.get("annotations", {})
+    for key in sorted(ANNOTATIONS - set(annotations)):
+        problems.append(f"{name}: no annotations.{key}")
+    runbook = str(annotations.get("runbook_url", ""))
+    if "runbook_url" in annotations and runbook != RUNBOOK + name.lower():
+        problems.append(f"{name}: runbook_url is {RUNBOOK}{name.lower()}, not {runbook}")
+    if "runbook_url" in annotations and name.lower() not in anchors:
+        problems.append(f"{name}: docs/troubleshooting.md has no section `### {name}`")
+    return problems
 
 
 class NamedSelector:
@@ -100,6 +166,10 @@ def series_labels(name: str) -> frozenset[str]:
     return AGENT_SERIES.get(name) or EXTERNAL_SERIES[name]
 
 
+def is_recorded(name: str) -> bool:
+    return name in RECORDS
+
+
 def uses_agent_series(rule: dict[str, Any]) -> bool:
     return any(selector.name in AGENT_SERIES for selector in selectors(rule["expr"]))
 
@@ -121,7 +191,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules_accepts_the_file() -> None:
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
+    assert f"SUCCESS: {len(RULES_IN_FILE)} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -161,7 +231,42 @@ def test_every_alert_has_a_firing_and_a_silent_case(alert: str) -> None:
     assert any(not case["exp_alerts"] for case in cases), f"{alert}: no case where it stays silent"
     for case in cases:
         for expected in case["exp_alerts"]:
-            assert set(expected["exp_annotations"]) == {"summary", "description"}, alert
+            assert set(expected["exp_annotations"]) == ANNOTATIONS, alert
+
+
+# ---------------------------------------------------------------- conventions of every rule
+
+
+@pytest.mark.parametrize("rule", RULES_IN_FILE, ids=rule_name)
+def test_rule_follows_the_conventions(rule: dict[str, Any]) -> None:
+    assert rule_problems(rule, markdown_anchors(TROUBLESHOOTING.read_text())) == []
+
+
+def test_convention_check_names_what_a_rule_lacks() -> None:
+    anchors = markdown_anchors(TROUBLESHOOTING.read_text())
+    alert = ALERTS[0]
+    bare = dict(alert, labels={}, annotations={"summary": "x"})
+    assert rule_problems(bare, anchors) == [
+        f"{alert['alert']}: labels.severity is one of ['critical', 'info', 'warning']",
+        f"{alert['alert']}: no annotations.description",
+        f"{alert['alert']}: no annotations.runbook_url",
+    ]
+    elsewhere = dict(alert, alert="OtelNumaNowhere")
+    elsewhere["annotations"] = dict(alert["annotations"], runbook_url=RUNBOOK + "otelnumanowhere")
+    assert rule_problems(elsewhere, anchors) == [
+        "OtelNumaNowhere: docs/troubleshooting.md has no section `### OtelNumaNowhere`"
+    ]
+    record = {"record": "free_cpus", "expr": "numa_cpu_allocatable > 0.5  # parameter Free-Share"}
+    assert rule_problems(record, anchors) == [
+        "free_cpus: parameter Free-Share is not a camelCase name",
+        "free_cpus: a recording rule is named level:metric:operations",
+    ]
+
+
+def test_parameters_are_found_in_the_file() -> None:
+    found = {name: default for rule in RULES_IN_FILE for default, name in parameters(str(rule["expr"]))}
+    assert found["sourceStaleSeconds"] == "300"
+    assert found["agentMemoryLimitBytes"] == str(128 * 2**20)
 
 
 # ---------------------------------------------------------------- content of each alert
@@ -183,7 +288,7 @@ def test_alert_has_for_severity_summary_and_description(rule: dict[str, Any]) ->
 @pytest.mark.parametrize("rule", ALERTS, ids=ALERT_NAMES)
 def test_alert_names_node_numa_node_and_container_where_relevant(rule: dict[str, Any]) -> None:
     named = annotation_labels(rule)
-    result_labels = [series_labels(s.name) for s in selectors(rule["expr"])]
+    result_labels = [series_labels(s.name) for s in selectors(rule["expr"]) if not is_recorded(s.name)]
     if rule["expr"].startswith("absent("):
         return  # no series, no node to name
     assert "k8s_node_name" in named, f"{rule['alert']} does not name the node"
@@ -201,6 +306,8 @@ def test_alert_reads_only_known_series_and_labels(rule: dict[str, Any]) -> None:
     names = catalogue.prometheus_names()
     available: set[str] = set()
     for selector in selectors(rule["expr"]):
+        if is_recorded(selector.name):
+            return  # a recording rule's labels are its expression's: promtool's unit tests check those
         assert selector.name in names or selector.name in EXTERNAL_SERIES, (
             f"{rule['alert']}: {selector.name} is not exported by the agent"
         )
@@ -244,18 +351,17 @@ def memory_limit_bytes(quantity: str) -> int:
     return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
 
 
-def test_memory_alert_threshold_follows_the_shipped_limit() -> None:
-    """The threshold is 85% of the memory limit the DaemonSet and the chart ship with."""
+def test_memory_alert_divides_by_the_kustomize_limit() -> None:
+    """The file's limit is the kustomize DaemonSet's (the chart writes its own: test_helm_chart)."""
     (rule,) = [rule for rule in ALERTS if rule["alert"] == "OtelNumaAgentMemoryNearLimit"]
-    match = re.search(r"process_memory_usage_bytes > 0\.85 \* (\d+)", rule["expr"])
-    assert match, rule["expr"]
-    limits = set()
+    assert re.search(r"process_memory_usage_bytes / \d+  # parameter agentMemoryLimitBytes", rule["expr"])
+    limit = dict((name, value) for value, name in parameters(rule["expr"]))["agentMemoryLimitBytes"]
     daemonset = yaml.safe_load((REPO / "config" / "kubernetes" / "daemonset.yaml").read_text())
-    for container in daemonset["spec"]["template"]["spec"]["containers"]:
-        limits.add(memory_limit_bytes(container["resources"]["limits"]["memory"]))
-    values = yaml.safe_load((REPO / "config" / "helm" / "otel-numa" / "values.yaml").read_text())
-    limits.add(memory_limit_bytes(values["resources"]["limits"]["memory"]))
-    assert limits == {int(match.group(1))}
+    limits = {
+        memory_limit_bytes(container["resources"]["limits"]["memory"])
+        for container in daemonset["spec"]["template"]["spec"]["containers"]
+    }
+    assert limits == {int(limit)}
 
 
 def test_readme_alert_examples_are_the_shipped_rules() -> None:
