@@ -1,31 +1,40 @@
-"""Container Device Interface (CDI) spec files: which device nodes each CDI device hands a container.
+"""Container Device Interface (CDI) spec files: which device nodes and environment each CDI device hands a
+container.
 
 Written from the published CDI specification: a spec file (``.json``, ``.yaml`` or ``.yml``) holds
 ``cdiVersion``, ``kind`` (``vendor.com/class``), ``devices`` (each a ``name`` and ``containerEdits``) and
-spec-wide ``containerEdits``. A device's fully qualified name is ``<kind>=<name>``. Only the device's own
-``containerEdits.deviceNodes`` are kept: the spec-wide ones (control nodes such as ``/dev/nvidiactl``)
-belong to every device of the vendor and tell nothing about where one device sits.
+spec-wide ``containerEdits``. A device's fully qualified name is ``<kind>=<name>``. Of a device's edits its
+own ``deviceNodes`` (where it sits) and ``env`` (what a CPU driver writes its cpuset into) are kept; of the
+spec-wide edits only ``env``: control nodes such as ``/dev/nvidiactl`` belong to every device of the
+vendor and tell nothing about where one device sits.
 
-A file that does not parse or is not shaped as a spec is rejected whole (reported to the error sink);
-the other files still count. When two files define the same device, the one read last wins (directories
-in the order given, files by name), as the CDI cache resolves conflicts by directory priority.
+A spec is JSON when its text begins as a JSON object does (JSON parses ~50 times faster than YAML), else
+YAML, whatever its suffix, as the CDI runtime reads both. Either way the document is parsed within a budget
+of nodes (:mod:`otel_numa.sources.bounded_documents`), and a spec may hold at most :data:`MAX_DEVICES` devices
+and :data:`MAX_DEVICE_NODES` device nodes. A file that does not parse, is not shaped as a spec or is past a
+limit is rejected whole (``parse_error``, ``invalid_spec``, ``over_limit``, ``too_large``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, SourceUnavailable
-from otel_numa.sources.files import ErrorSink, read_bytes, report
+from otel_numa.sources.bounded_documents import OVER_LIMIT, load_json, load_yaml, starts_as_json
+from otel_numa.sources.errors import SourceCorrupt, SourceUnavailable
+from otel_numa.sources.files import read_bytes
 
 SPEC_SUFFIXES = (".json", ".yaml", ".yml")
+# Limits per spec file (docs/decisions/hostile-input.md), each far above a real spec: NVIDIA's spec for
+# 8 GPUs and their MIG devices holds ~100 devices and a few thousand nodes.
 MAX_SPEC_BYTES = 4 * 1024 * 1024
+MAX_SPEC_NODES = 100_000  # scalars, lists and mappings, aliases expanded
+MAX_DEVICES = 4096
+MAX_DEVICE_NODES = 16_384  # over the spec's devices
+INVALID_SPEC = "invalid_spec"
 _KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
@@ -45,37 +54,68 @@ class CdiDeviceNode:
         return self.host_path or self.path
 
 
-def _spec_document(data: bytes, path: Path) -> Any:
-    """The file's document; SourceCorrupt (``parse_error``) when it is not JSON or YAML."""
-    if path.suffix == ".json":
-        try:
-            return json.loads(data)
-        except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
-            raise SourceCorrupt(f"{path}: not JSON: {exc}", error_type="parse_error") from exc
-    # Only nodes with YAML specs pay for the YAML parser.
-    import yaml
+@dataclass(frozen=True, slots=True)
+class CdiDevice:
+    """One device of a spec: its fully qualified name, its own device nodes and environment."""
 
+    name: str  # vendor.com/class=name
+    device_nodes: tuple[CdiDeviceNode, ...] = ()
+    env: tuple[str, ...] = ()  # "KEY=VALUE", as the spec gives them (e.g. DRA_CPUSET_<claim UID>=0-3)
+
+
+@dataclass(frozen=True, slots=True)
+class CdiSpec:
+    kind: str
+    devices: tuple[CdiDevice, ...]
+    env: tuple[str, ...] = ()  # the spec-wide edits' environment, given to a container with any device
+
+
+def spec_document(data: bytes, path: Path) -> Any:
+    """The file's document, JSON where the text is JSON, else YAML; SourceCorrupt when it is neither or is
+    past :data:`MAX_SPEC_NODES`."""
+    if not starts_as_json(data):
+        return load_yaml(data, MAX_SPEC_NODES, str(path))
     try:
-        return yaml.safe_load(data)
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        raise SourceCorrupt(f"{path}: not YAML: {exc}", error_type="parse_error") from exc
+        return load_json(data, MAX_SPEC_NODES, str(path))
+    except SourceCorrupt as not_json:
+        if not_json.error_type == OVER_LIMIT:
+            raise
+        try:  # a YAML flow mapping starts with "{" too
+            return load_yaml(data, MAX_SPEC_NODES, str(path))
+        except SourceCorrupt as not_yaml:
+            raise not_json if path.suffix == ".json" else not_yaml from None
 
 
-def _device_nodes(edits: Any, where: str) -> tuple[CdiDeviceNode, ...]:
+def _corrupt(where: str, what: str) -> SourceCorrupt:
+    return SourceCorrupt(f"{where}: {what}", error_type=INVALID_SPEC)
+
+
+def _edits(edits: Any, where: str) -> dict[str, Any]:
     if edits is None:
-        return ()
+        return {}
     if not isinstance(edits, dict):
-        raise SourceCorrupt(f"{where}: containerEdits is not a mapping", error_type="invalid_spec")
+        raise _corrupt(where, "containerEdits is not a mapping")
+    return edits
+
+
+def _env(edits: dict[str, Any], where: str) -> tuple[str, ...]:
+    env = edits.get("env") or []
+    if not isinstance(env, list) or not all(isinstance(entry, str) for entry in env):
+        raise _corrupt(where, "env is not a list of strings")
+    return tuple(env)
+
+
+def _device_nodes(edits: dict[str, Any], where: str) -> tuple[CdiDeviceNode, ...]:
     nodes = edits.get("deviceNodes") or []
     if not isinstance(nodes, list):
-        raise SourceCorrupt(f"{where}: deviceNodes is not a list", error_type="invalid_spec")
+        raise _corrupt(where, "deviceNodes is not a list")
     found = []
     for node in nodes:
         if not isinstance(node, dict) or not isinstance(node.get("path"), str) or not node["path"]:
-            raise SourceCorrupt(f"{where}: a device node without a path", error_type="invalid_spec")
+            raise _corrupt(where, "a device node without a path")
         numbers = [node.get("major"), node.get("minor")]
-        if any(value is not None and (not isinstance(value, int) or value < 0) for value in numbers):
-            raise SourceCorrupt(f"{where}: a bad major or minor number", error_type="invalid_spec")
+        if any(value is not None and (type(value) is not int or value < 0) for value in numbers):
+            raise _corrupt(where, "a bad major or minor number")
         host = node.get("hostPath")
         kind = node.get("type")
         found.append(
@@ -90,30 +130,43 @@ def _device_nodes(edits: Any, where: str) -> tuple[CdiDeviceNode, ...]:
     return tuple(found)
 
 
-def parse_cdi_spec(data: bytes, path: Path) -> dict[str, tuple[CdiDeviceNode, ...]]:
-    """Fully qualified CDI device name -> its own device nodes; SourceCorrupt for a file that is no spec."""
-    document = _spec_document(data, path)
+def parse_cdi_spec(data: bytes, path: Path) -> CdiSpec:
+    """The spec in ``data``; SourceCorrupt for a file that is no spec or is past a limit."""
+    document = spec_document(data, path)
     if not isinstance(document, dict):
-        raise SourceCorrupt(f"{path}: not a CDI spec (no mapping at the top)", error_type="invalid_spec")
+        raise _corrupt(str(path), "not a CDI spec (no mapping at the top)")
     kind = document.get("kind")
     if (
         not isinstance(document.get("cdiVersion"), str)
         or not isinstance(kind, str)
         or not _KIND.fullmatch(kind)
     ):
-        raise SourceCorrupt(
-            f"{path}: not a CDI spec (cdiVersion or kind missing or bad)", error_type="invalid_spec"
-        )
+        raise _corrupt(str(path), "not a CDI spec (cdiVersion or kind missing or bad)")
     devices = document.get("devices")
     if not isinstance(devices, list):
-        raise SourceCorrupt(f"{path}: devices is not a list", error_type="invalid_spec")
-    found: dict[str, tuple[CdiDeviceNode, ...]] = {}
+        raise _corrupt(str(path), "devices is not a list")
+    if len(devices) > MAX_DEVICES:
+        raise SourceCorrupt(f"{path}: more than {MAX_DEVICES} devices", error_type=OVER_LIMIT)
+    found: list[CdiDevice] = []
+    device_nodes = 0
     for device in devices:
         name = device.get("name") if isinstance(device, dict) else None
         if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
-            raise SourceCorrupt(f"{path}: a device without a valid name", error_type="invalid_spec")
-        found[f"{kind}={name}"] = _device_nodes(device.get("containerEdits"), f"{path}: {kind}={name}")
-    return found
+            raise _corrupt(str(path), "a device without a valid name")
+        where = f"{path}: {kind}={name}"
+        edits = _edits(device.get("containerEdits"), where)
+        nodes = _device_nodes(edits, where)
+        device_nodes += len(nodes)
+        if device_nodes > MAX_DEVICE_NODES:
+            raise SourceCorrupt(f"{path}: more than {MAX_DEVICE_NODES} device nodes", error_type=OVER_LIMIT)
+        found.append(CdiDevice(f"{kind}={name}", nodes, _env(edits, where)))
+    spec_env = _env(_edits(document.get("containerEdits"), str(path)), str(path))
+    return CdiSpec(kind, tuple(found), spec_env)
+
+
+def read_cdi_spec(path: Path) -> CdiSpec:
+    """The spec file at ``path`` (never followed if it is a link); SourceError when it cannot be used."""
+    return parse_cdi_spec(read_bytes(path, limit=MAX_SPEC_BYTES), path)
 
 
 def spec_files(directory: Path) -> tuple[Path, ...]:
@@ -126,22 +179,3 @@ def spec_files(directory: Path) -> tuple[Path, ...]:
     except OSError as exc:
         raise SourceUnavailable(f"{directory}: {exc.strerror or exc}") from exc
     return tuple(directory / name for name in names if not name.startswith("."))
-
-
-def read_cdi_specs(
-    directories: Iterable[Path], on_error: ErrorSink | None = None
-) -> dict[str, tuple[CdiDeviceNode, ...]]:
-    """Every CDI device of the spec files in ``directories``; a bad file is reported and left out."""
-    devices: dict[str, tuple[CdiDeviceNode, ...]] = {}
-    for directory in directories:
-        for path in spec_files(directory):
-            try:
-                data = read_bytes(path, limit=MAX_SPEC_BYTES)
-                if len(data) > MAX_SPEC_BYTES:
-                    raise SourceCorrupt(f"{path}: larger than {MAX_SPEC_BYTES} bytes", error_type="too_large")
-                devices.update(parse_cdi_spec(data, path))
-            except SourceMissing:
-                continue  # removed while listing
-            except SourceError as error:
-                report(error, on_error)
-    return devices

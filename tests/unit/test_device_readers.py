@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,10 +9,11 @@ from typing import Any
 import pytest
 
 from otel_numa.model import DraClaim, DraDevice, DraManagerState, KubeletState, PciDevices
+from otel_numa.snapshot.collectors.cdi_specs import CdiSpecs
 from otel_numa.snapshot.collectors.dra import DraPlacer
 from otel_numa.snapshot.collectors.machine import MachineCollector
 from otel_numa.snapshot.source_status import SourceRegistry
-from otel_numa.sources.cdi import CdiDeviceNode, parse_cdi_spec, read_cdi_specs
+from otel_numa.sources.cdi import CdiDevice, CdiDeviceNode, CdiSpec, parse_cdi_spec, read_cdi_spec
 from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
 from otel_numa.sources.errors import SourceCorrupt, SourceError
 from otel_numa.sources.pci import read_pci_devices
@@ -57,13 +56,18 @@ containerEdits:
 """
 
 
-def test_a_driver_shaped_yaml_spec_keeps_each_devices_own_nodes(tmp_path: Path) -> None:
-    devices = parse_cdi_spec(CLAIM_SPEC_YAML, tmp_path / "k8s.gpu.example.com-claim_6e1a.yaml")
-    assert devices == {
-        "k8s.gpu.example.com/claim=6e1a27c2-8d5f-4f1e-9c1b-2a4c3e5f7a90-gpu-0": (
-            CdiDeviceNode("/dev/gpu0", "/dev/gpu0"),
-        )
-    }
+def test_a_driver_shaped_yaml_spec_keeps_each_devices_own_nodes_and_env(tmp_path: Path) -> None:
+    spec = parse_cdi_spec(CLAIM_SPEC_YAML, tmp_path / "k8s.gpu.example.com-claim_6e1a.yaml")
+    assert spec == CdiSpec(
+        "k8s.gpu.example.com/claim",
+        (
+            CdiDevice(
+                "k8s.gpu.example.com/claim=6e1a27c2-8d5f-4f1e-9c1b-2a4c3e5f7a90-gpu-0",
+                (CdiDeviceNode("/dev/gpu0", "/dev/gpu0"),),
+                ("GPU_DEVICE_0=gpu-0",),
+            ),
+        ),
+    )
 
 
 @pytest.mark.parametrize(
@@ -95,8 +99,8 @@ def test_specs_read_from_several_directories_the_later_wins(tmp_path: Path) -> N
     (tmp_path / "run" / "broken.yml").write_text("kind: [\n")
     (tmp_path / "run" / "notes.txt").write_text("not a spec")
     errors: list[SourceError] = []
-    found = read_cdi_specs([tmp_path / "etc", tmp_path / "run", tmp_path / "absent"], errors.append)
-    assert found == {"vendor.com/x=d": (CdiDeviceNode("/dev/b"),)}
+    found = CdiSpecs([tmp_path / "etc", tmp_path / "run", tmp_path / "absent"]).read(errors)
+    assert found == {"vendor.com/x=d": CdiDevice("vendor.com/x=d", (CdiDeviceNode("/dev/b"),), ("DEVICE=d",))}
     assert [error.error_type for error in errors] == ["parse_error"]
 
 
@@ -140,16 +144,14 @@ def test_without_change_cdi_specs_and_placements_are_not_worked_out_again(
     add_char_device(sysfs, "0000:5e:00.0", 231, 64, "uverbs0")
     cdi = tmp_path / "cdi"
     nodes = [{"path": "/dev/infiniband/uverbs0", "type": "c", "major": 231, "minor": 64}]
-    spec = write_cdi_spec(cdi, "nic.json", cdi_spec("example.com/nic", {"nic-0": nodes}))
-    old = time.time_ns() - 5_000_000_000  # out of the directory's racy second
-    for path in (spec, cdi):
-        os.utime(path, ns=(old, old))
-    reads = _counting(monkeypatch, "otel_numa.snapshot.collectors.dra.read_cdi_specs", read_cdi_specs)
+    write_cdi_spec(cdi, "nic.json", cdi_spec("example.com/nic", {"nic-0": nodes}))
+    monkeypatch.setattr("otel_numa.snapshot.collectors.cdi_specs.RACY_NS", 0)  # trust stats taken now
+    reads = _counting(monkeypatch, "otel_numa.snapshot.collectors.cdi_specs.read_cdi_spec", read_cdi_spec)
     resolutions = _counting(
         monkeypatch, "otel_numa.snapshot.collectors.dra.pci_functions_of", pci_functions_of
     )
     placer = DraPlacer([cdi], sysfs, procfs, SourceRegistry())
-    topology = read_topology(sysfs, procfs)
+    topology = read_topology(sysfs)
     nic = DraDevice("net.example.com", "p", "nic-0", ("example.com/nic=nic-0",))
     state = KubeletState(dra=_state(nic))
     first = placer.place(state, PciDevices(), topology)

@@ -1,28 +1,23 @@
 """Where DRA-allocated devices sit: a NUMA node for each (driver, pool, device), from node-local facts.
 
-CDI spec directories are listed and parsed again only when one's stat signature changes (files are
-written by rename, which changes the directory); placements are worked out again only when the CDI
-devices, the PCI functions or the set of allocated devices change. A node with no PCI or DRA change
-pays one ``stat`` per CDI directory per round, like a checkpoint's.
+Each CDI spec file is parsed again only when its own stat changes (:mod:`.cdi_specs`); placements are
+worked out again only when the CDI devices, the PCI functions or the set of allocated devices change. A
+node with no PCI or DRA change pays one ``stat`` per CDI directory and spec file per round.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from otel_numa.accounting.allocation import device_numa
 from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciDevices, Source, Topology
+from otel_numa.snapshot.collectors.cdi_specs import CdiDevices, CdiSpecs
 from otel_numa.snapshot.source_status import SourceRegistry
-from otel_numa.sources.cdi import CdiDeviceNode, read_cdi_specs
 from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
 from otel_numa.sources.errors import SourceError, SourceMissing
-from otel_numa.sources.files import StatSignature
 from otel_numa.sources.pci import function_numa
 
-RACY_LISTING_NS = 1_000_000_000
-CdiDevices = Mapping[str, tuple[CdiDeviceNode, ...]]
 Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA node per device, unknown)
 
 
@@ -49,26 +44,9 @@ class DraPlacer:
         self._sysfs_root = sysfs_root
         self._procfs_root = procfs_root
         self._tracker = registry.tracker(Source.CDI)
-        self._signature: tuple[StatSignature | None, ...] | None = None
-        self._cdi: CdiDevices = {}
-        self._cdi_complete = True
+        self._specs = CdiSpecs(self._dirs)
         self._inputs: tuple[object, ...] | None = None
         self._placed: Placement = ({}, frozenset())
-
-    def _read_cdi(self, errors: list[SourceError]) -> CdiDevices:
-        signature = tuple(StatSignature.of(directory) for directory in self._dirs)
-        if signature == self._signature and self._cdi_complete:
-            return self._cdi
-        spec_errors: list[SourceError] = []
-        devices = read_cdi_specs(self._dirs, on_error=spec_errors.append)
-        errors.extend(spec_errors)
-        # a listing taken in the directory's own timestamp tick may miss a file written in the same tick
-        now = time.time_ns()
-        racy = any(sig is not None and now - sig.mtime_ns < RACY_LISTING_NS for sig in signature)
-        self._signature = None if racy else signature
-        self._cdi_complete = not spec_errors  # a rejected spec is read again next round
-        self._cdi = self._cdi if devices == self._cdi else devices
-        return self._cdi
 
     def place(self, state: KubeletState, pci: PciDevices, topology: Topology) -> Placement:
         """NUMA node per DRA device of ``state``, and the devices that cannot be placed this round (a CDI
@@ -76,7 +54,7 @@ class DraPlacer:
         devices = dra_devices(state)
         errors: list[SourceError] = []
         with self._tracker.timed():
-            cdi = self._read_cdi(errors)  # one stat per directory while nothing changed
+            cdi = self._specs.read(errors)  # one stat per directory and file while nothing changed
             inputs = (devices, cdi, pci, topology)
             if self._inputs is None or not all(
                 a is b or a == b for a, b in zip(inputs, self._inputs, strict=True)
@@ -91,7 +69,7 @@ class DraPlacer:
             self._tracker.failed(error)
         if errors:
             pass
-        elif self._signature is not None and not any(self._signature):
+        elif not self._specs.present:
             # no CDI directory at all (a node without CDI): the source is absent, as a missing file is
             self._tracker.failed(SourceMissing("no CDI spec directory: " + ", ".join(map(str, self._dirs))))
         else:
@@ -114,7 +92,7 @@ class DraPlacer:
             if any(name not in cdi for name in device.cdi_devices):
                 return None
             for name in device.cdi_devices:
-                for node in cdi[name]:
+                for node in cdi[name].device_nodes:
                     try:
                         addresses.extend(pci_functions_of(node, self._sysfs_root, self._procfs_root))
                     except SourceError as error:
