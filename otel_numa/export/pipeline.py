@@ -16,7 +16,6 @@ from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, Exemplar, ExemplarReservoir, MeterProvider
 from opentelemetry.sdk.metrics.export import (
-    ConsoleMetricExporter,
     MetricExporter,
     MetricExportResult,
     MetricReader,
@@ -30,6 +29,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 
 from otel_numa import __version__
+from otel_numa.export.console import console_exporter
 from otel_numa.export.fast import FastPath, choose
 from otel_numa.export.fast.forget_departed import DepartedSeriesJanitor
 from otel_numa.export.fast.rendered_families import WSGIApp, page_app
@@ -272,7 +272,7 @@ def build_pipeline(
             reuse_requests(otlp)  # the gRPC exporter only
         push_exporters.append((otlp, temporality))
     if "console" in names:
-        push_exporters.append((ConsoleMetricExporter(), preferred_temporality({})))
+        push_exporters.append((console_exporter(), preferred_temporality({})))
     lock = threading.RLock()
     registry = PinningRegistry(store, lock) if "prometheus" in names else None
     # one reader for the page and the pushes, where they are all cumulative

@@ -56,7 +56,9 @@ class SnapshotBuilder:
             else None
         )
         # podresources and the runtime: refreshed in the background, only read by builds
-        self.background = BackgroundSources(options.podresources, options.runtime, sources)
+        self.background = BackgroundSources(
+            options.podresources, options.runtime, sources, topology=lambda: self.machine.topology
+        )
         self.cgroups: CgroupCollector | None = None
         if options.cgroups is not None:
             machine_collector = self.machine

@@ -4,38 +4,38 @@ memory with NUMA affinity, and what the kubelet may allocate.
 The kubelet serves it on ``<kubelet-root>/pod-resources/kubelet.sock``. The client keeps one channel
 and reuses it across calls; the channel is created on first use and again only when the socket file
 is replaced (the kubelet restarted), so a kubelet that comes and goes needs no new client.
+
+What an answer may cost is bounded: gRPC refuses one larger than ``max_message_bytes``
+(``resource_exhausted``), and :mod:`otel_numa.sources.podresources_answer` refuses one naming ids the
+machine does not have or past its caps. An answer is received as bytes and parsed only when they changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
-from otel_numa.model import (
-    AllocatableResources,
-    ContainerDevices,
-    ContainerMemory,
-    ContainerResources,
-    DraClaim,
-    DraDevice,
-    PodResources,
-    shared_name,
-    shared_set,
-)
+from otel_numa.model import AllocatableResources, PodResources
 from otel_numa.proto import podresources_v1_pb2 as pb
-from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
-from otel_numa.sources.errors import SourceMissing, SourceUnavailable
+from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.podresources_answer import AnswerReader, MachineLimits
 
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# gRPC's own default is 4 MiB, the kubelet's own clients take 16 MiB; a node of 5,000 containers with
+# their devices answers ~2 MB, and receiving and parsing an answer costs about three times its size.
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+SERVICE = "/v1.PodResourcesLister/"
 
-_Response = TypeVar("_Response")
+_Response = TypeVar("_Response", bound=Message)
+_Value = TypeVar("_Value")
 
 
 def rpc_failure(exc: grpc.RpcError, what: str) -> SourceUnavailable:
@@ -123,37 +123,33 @@ class PodResourcesClient:
         self._channel = UnixSocketChannel(socket_path, max_message_bytes=max_message_bytes)
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        # the last List answer (its wire form) and the pods read from it: between pod admissions the kubelet
-        # answers the same, and comparing the bytes costs a hundredth of building the pods again
-        self._last_list: tuple[bytes, tuple[PodResources, ...]] = (b"", ())
+        # the digest of the last answer of each call (and the limits it was read with), and what was read
+        # from it: between pod admissions the kubelet answers the same, and a digest of the bytes costs a
+        # hundredth of parsing and building them again
+        self._last: dict[str, tuple[bytes, MachineLimits, Any]] = {}
 
-    def list_pods(self) -> tuple[PodResources, ...]:
+    def list_pods(self, limits: MachineLimits | None = None) -> tuple[PodResources, ...]:
         """The pods the kubelet runs now, with the resources it assigned to each container; the same tuple
         as last time while the answer is the same."""
-        response: pb.ListPodResourcesResponse = self._call(
-            "List", lambda stub: stub.List(pb.ListPodResourcesRequest(), timeout=self._timeout_s)
+        pods: tuple[PodResources, ...] = self._read(
+            "List",
+            pb.ListPodResourcesRequest(),
+            pb.ListPodResourcesResponse,
+            lambda response, reader: reader.pods(response.pod_resources),
+            limits or MachineLimits(),
         )
-        wire = response.SerializeToString(deterministic=True)
-        last_wire, last_pods = self._last_list
-        if wire and wire == last_wire:
-            return last_pods
-        pods = tuple(_pod_resources(pod) for pod in response.pod_resources)
-        self._last_list = (wire, pods)
         return pods
 
-    def allocatable(self) -> AllocatableResources:
+    def allocatable(self, limits: MachineLimits | None = None) -> AllocatableResources:
         """What the kubelet may hand out; UNIMPLEMENTED on kubelets without GetAllocatableResources."""
-        response: pb.AllocatableResourcesResponse = self._call(
+        allocatable: AllocatableResources = self._read(
             "GetAllocatableResources",
-            lambda stub: stub.GetAllocatableResources(
-                pb.AllocatableResourcesRequest(), timeout=self._timeout_s
-            ),
+            pb.AllocatableResourcesRequest(),
+            pb.AllocatableResourcesResponse,
+            lambda response, reader: reader.allocatable(response),
+            limits or MachineLimits(),
         )
-        return AllocatableResources(
-            cpu_ids=shared_set(response.cpu_ids),
-            devices=tuple(_devices(device) for device in response.devices),
-            memory=tuple(_memory(block) for block in response.memory),
-        )
+        return allocatable
 
     def close(self) -> None:
         with self._lock:
@@ -170,73 +166,43 @@ class PodResourcesClient:
     ) -> None:
         self.close()
 
-    def _call(self, method: str, invoke: Callable[[pb_grpc.PodResourcesListerStub], _Response]) -> _Response:
+    def _read(
+        self,
+        method: str,
+        request: Message,
+        response_type: type[_Response],
+        read: Callable[[_Response, AnswerReader], _Value],
+        limits: MachineLimits,
+    ) -> _Value:
+        """The answer of ``method`` read by ``read(response, reader)``, or the last one's when the bytes and
+        the limits are the same."""
+        data = self._call(method, request)
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        last = self._last.get(method)
+        if last is not None and last[0] == digest and last[1] == limits:
+            kept: _Value = last[2]
+            return kept
+        what = f"{self._channel.socket_path} {method}"
+        try:
+            response = response_type.FromString(data)
+        except DecodeError as exc:
+            raise SourceCorrupt(f"{what}: the answer does not parse", error_type="parse_error") from exc
+        del data  # the bytes, as large as the answer, are not kept while it is read
+        value = read(response, AnswerReader(limits, what))
+        self._last[method] = (digest, limits, value)
+        return value
+
+    def _call(self, method: str, request: Message) -> bytes:
+        """The answer's bytes (parsed by the caller, only when they changed)."""
         with self._lock:
-            stub = pb_grpc.PodResourcesListerStub(self._channel.get())
+            call = self._channel.get().unary_unary(
+                SERVICE + method, request_serializer=type(request).SerializeToString
+            )
             try:
-                return invoke(stub)
+                data: bytes = call(request, timeout=self._timeout_s)
+                return data
             except grpc.RpcError as exc:
                 failure = rpc_failure(exc, f"{self._channel.socket_path} {method}")
                 if failure.error_type == "unavailable":
                     self._channel.close()  # the next call connects afresh instead of backing off
                 raise failure from exc
-
-
-def _numa_ids(topology: pb.TopologyInfo) -> tuple[int, ...]:
-    return tuple(sorted({node.ID for node in topology.nodes}))
-
-
-def _devices(device: pb.ContainerDevices) -> ContainerDevices:
-    return ContainerDevices(
-        resource_name=shared_name(device.resource_name),
-        device_ids=tuple(device.device_ids),
-        numa_ids=_numa_ids(device.topology),
-    )
-
-
-def _memory(block: pb.ContainerMemory) -> ContainerMemory:
-    return ContainerMemory(memory_type=block.memory_type, size=block.size, numa_ids=_numa_ids(block.topology))
-
-
-def _claim_device(resource: pb.ClaimResource) -> DraDevice:
-    return DraDevice(
-        driver=shared_name(resource.driver_name),
-        pool=resource.pool_name,
-        device=resource.device_name,
-        cdi_devices=tuple(cdi.name for cdi in resource.cdi_devices),
-        share_id=resource.share_id if resource.HasField("share_id") else None,
-    )
-
-
-def _claims(dynamic: Iterable[pb.DynamicResource]) -> tuple[DraClaim, ...]:
-    return tuple(
-        DraClaim(
-            name=shared_name(claim.claim_name),
-            namespace=shared_name(claim.claim_namespace),
-            devices=tuple(_claim_device(resource) for resource in claim.claim_resources),
-        )
-        for claim in dynamic
-    )
-
-
-def _containers(containers: Iterable[pb.ContainerResources]) -> tuple[ContainerResources, ...]:
-    return tuple(
-        ContainerResources(
-            name=shared_name(container.name),
-            cpu_ids=shared_set(container.cpu_ids),
-            devices=tuple(_devices(device) for device in container.devices),
-            memory=tuple(_memory(block) for block in container.memory),
-            dynamic_resources=_claims(container.dynamic_resources),
-        )
-        for container in containers
-    )
-
-
-def _pod_resources(pod: pb.PodResources) -> PodResources:
-    return PodResources(
-        name=shared_name(pod.name),
-        namespace=shared_name(pod.namespace),
-        containers=_containers(pod.containers),
-        cpu_ids=shared_set(pod.cpu_ids),
-        memory=tuple(_memory(block) for block in pod.memory),
-    )

@@ -25,8 +25,9 @@ from otel_numa.model import (
 )
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
-from otel_numa.sources.errors import SourceMissing, SourceUnavailable
-from otel_numa.sources.podresources import PodResourcesClient
+from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
+from otel_numa.sources.podresources import DEFAULT_MAX_MESSAGE_BYTES, PodResourcesClient
+from otel_numa.sources.podresources_answer import MAX_ENTRIES, MachineLimits
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from tests.support import REPO
 
@@ -275,7 +276,7 @@ def _realistic_pods(pod_count: int, containers_per_pod: int) -> list[pb.PodResou
 
 def test_thousand_pods_of_four_containers_arrive_whole(server: PodResourcesServer) -> None:
     server.state.pods = _realistic_pods(1000, 4)
-    # Such a node's answer is about 0.6 MB, well below gRPC's 4 MiB default receive limit.
+    # Such a node's answer is about 0.6 MB, well below the 8 MiB the client receives.
     assert pb.ListPodResourcesResponse(pod_resources=server.state.pods).ByteSize() < 4 * MiB
     with PodResourcesClient(server.socket_path) as client:
         pods = client.list_pods()
@@ -287,11 +288,12 @@ def test_thousand_pods_of_four_containers_arrive_whole(server: PodResourcesServe
     assert last.devices[0].numa_ids == (1,)
 
 
-def test_answer_above_four_mebibytes_needs_the_raised_limit(server: PodResourcesServer) -> None:
+def test_an_answer_past_the_entry_cap_is_refused_whole(server: PodResourcesServer) -> None:
+    """4,000 containers with two dozen devices each (a synthetic worst case: ~105,000 entries, 5.6 MB) are
+    past what one answer may hold; refused at the entry that crosses the cap, never built whole."""
     pods = _realistic_pods(1000, 4)
     for pod_index, pod in enumerate(pods):
         for container_index, container in enumerate(pod.containers):
-            # A synthetic worst case: two dozen devices with UUID-style ids in every container.
             container.devices.add(
                 resource_name="example.com/accelerator",
                 device_ids=[
@@ -301,17 +303,106 @@ def test_answer_above_four_mebibytes_needs_the_raised_limit(server: PodResources
                 topology=topology(0),
             )
     server.state.pods = pods
-    size = pb.ListPodResourcesResponse(pod_resources=pods).ByteSize()
-    assert 4 * MiB < size < 16 * MiB
+    assert 4 * MiB < pb.ListPodResourcesResponse(pod_resources=pods).ByteSize() < DEFAULT_MAX_MESSAGE_BYTES
+    with PodResourcesClient(server.socket_path) as client, pytest.raises(SourceCorrupt) as raised:
+        client.list_pods()
+    assert raised.value.error_type == "over_limit"
+    assert str(raised.value).endswith(f"List: more than {MAX_ENTRIES} entries; the answer is left out")
 
-    with PodResourcesClient(server.socket_path) as client:
-        assert sum(len(pod.containers) for pod in client.list_pods()) == 4000
-    with (
-        PodResourcesClient(server.socket_path, max_message_bytes=4 * MiB) as small_client,
-        pytest.raises(SourceUnavailable) as raised,
-    ):
-        small_client.list_pods()
+
+def test_an_answer_past_the_message_cap_is_refused_by_grpc(server: PodResourcesServer) -> None:
+    """The allocatable CPUs 0..3,999,999 (a 13.9 MB answer) never reach the agent's memory."""
+    server.state.allocatable = pb.AllocatableResourcesResponse(cpu_ids=range(4_000_000))
+    with PodResourcesClient(server.socket_path) as client, pytest.raises(SourceUnavailable) as raised:
+        client.allocatable()
     assert raised.value.error_type == "resource_exhausted"
+
+
+MACHINE = MachineLimits(highest_cpu=31, numa_nodes=frozenset({0, 1}))
+
+
+@pytest.mark.parametrize(
+    ("pods", "allocatable", "error_type"),
+    [
+        # a CPU the machine does not have, in a container's set, a pod's pool, or allocatable
+        (
+            [pb.PodResources(name="p", containers=[pb.ContainerResources(name="c", cpu_ids=[3, 32])])],
+            None,
+            "out_of_range",
+        ),
+        ([pb.PodResources(name="p", cpu_ids=range(64))], None, "out_of_range"),
+        (None, pb.AllocatableResourcesResponse(cpu_ids=range(33)), "out_of_range"),
+        (None, pb.AllocatableResourcesResponse(cpu_ids=[-1]), "out_of_range"),
+        # a NUMA node the machine does not have, for a device or a memory block
+        (
+            None,
+            pb.AllocatableResourcesResponse(
+                devices=[pb.ContainerDevices(resource_name="r", device_ids=["d"], topology=topology(0, 2))]
+            ),
+            "out_of_range",
+        ),
+        (
+            [
+                pb.PodResources(
+                    name="p",
+                    containers=[
+                        pb.ContainerResources(
+                            name="c",
+                            memory=[pb.ContainerMemory(memory_type="memory", size=1, topology=topology(7))],
+                        )
+                    ],
+                )
+            ],
+            None,
+            "out_of_range",
+        ),
+        # 200,000 allocatable devices (one series per NUMA node and resource, were they turned into series)
+        (
+            None,
+            pb.AllocatableResourcesResponse(
+                devices=[
+                    pb.ContainerDevices(
+                        resource_name="r", device_ids=[f"d{index}"], topology=topology(index % 2)
+                    )
+                    for index in range(200_000)
+                ]
+            ),
+            "over_limit",
+        ),
+        # more CPU ids than eight per CPU of the machine, each set within it
+        (
+            [pb.PodResources(name=f"p{index}", cpu_ids=range(32)) for index in range(9)],
+            None,
+            "over_limit",
+        ),
+    ],
+)
+def test_an_answer_beyond_the_machine_is_refused_whole(
+    server: PodResourcesServer,
+    pods: list[pb.PodResources] | None,
+    allocatable: pb.AllocatableResourcesResponse | None,
+    error_type: str,
+) -> None:
+    server.state.pods = pods or []
+    server.state.allocatable = allocatable or pb.AllocatableResourcesResponse()
+    with PodResourcesClient(server.socket_path) as client, pytest.raises(SourceCorrupt) as raised:
+        client.list_pods(MACHINE) if pods else client.allocatable(MACHINE)
+    assert raised.value.error_type == error_type
+    assert "the answer is left out" in str(raised.value)
+
+
+def test_an_answer_read_before_the_machine_was_known_is_read_again_within_it(
+    server: PodResourcesServer,
+) -> None:
+    """The same bytes, read first within the widest limits and then within the machine's: refused then."""
+    server.state.pods = [
+        pb.PodResources(name="p", containers=[pb.ContainerResources(name="c", cpu_ids=[40])])
+    ]
+    with PodResourcesClient(server.socket_path) as client:
+        assert client.list_pods()[0].containers[0].cpu_ids == frozenset({40})
+        with pytest.raises(SourceCorrupt) as raised:
+            client.list_pods(MACHINE)
+    assert raised.value.error_type == "out_of_range"
 
 
 def _start_server_process(socket_path: Path, state_file: Path) -> subprocess.Popen[str]:

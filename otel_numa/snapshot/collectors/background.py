@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from otel_numa.model import Allocation, KubeletState
+from otel_numa.model import Allocation, KubeletState, Topology
 from otel_numa.options import PodResourcesOptions, RuntimeOptions
 from otel_numa.snapshot.collectors.podresources import PodResourcesRefresher
 from otel_numa.snapshot.collectors.runtime import (
@@ -32,9 +32,10 @@ class BackgroundSources:
         podresources: PodResourcesOptions | None,
         runtime: RuntimeOptions | None,
         registry: SourceRegistry,
+        topology: Callable[[], Topology | None] = lambda: None,
     ) -> None:
         self.podresources = (
-            PodResourcesRefresher(podresources.socket, registry, podresources.interval_s)
+            PodResourcesRefresher(podresources.socket, registry, podresources.interval_s, topology=topology)
             if podresources is not None
             else None
         )

@@ -17,10 +17,18 @@ from typing import TYPE_CHECKING
 
 from otel_numa.accounting.allocation import with_podresources
 from otel_numa.accounting.join import join_pods, live_pod_set
-from otel_numa.model import AllocatableResources, JoinedPodResources, KubeletState, PodResourcesView, Source
+from otel_numa.model import (
+    AllocatableResources,
+    JoinedPodResources,
+    KubeletState,
+    PodResourcesView,
+    Source,
+    Topology,
+)
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
+from otel_numa.sources.podresources_answer import MachineLimits
 
 if TYPE_CHECKING:
     from otel_numa.sources.podresources import PodResourcesClient
@@ -38,7 +46,9 @@ class PodResourcesRefresher:
     triggered scheduler does not hammer a missing socket and a socket that appears is seen within one
     interval. The source tracker logs one line when the socket disappears and one when it is back. An RPC
     that fails keeps the last good view (its age grows in ``numa.agent.source.age``); a socket that
-    disappears drops it, and the checkpoints alone decide again.
+    disappears drops it, and the checkpoints alone decide again. An answer is read within the machine's
+    limits once its topology is known (an answer naming ids it lacks, or past a cap, is refused whole and
+    counted like a failed RPC).
     """
 
     def __init__(
@@ -49,8 +59,10 @@ class PodResourcesRefresher:
         *,
         client: PodResourcesClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        topology: Callable[[], Topology | None] = lambda: None,
     ) -> None:
         self._socket_path = socket_path
+        self._topology = topology
         self._client_instance = client
         self._tracker = registry.tracker(SOURCE)
         self._interval_s = interval_s
@@ -85,9 +97,10 @@ class PodResourcesRefresher:
         now = self._clock()
         if now < self._next_attempt:
             return
+        limits = self._limits()
         try:
-            pods = self._client().list_pods()
-            allocatable = self._allocatable()
+            pods = self._client().list_pods(limits)
+            allocatable = self._allocatable(limits)
         except SourceMissing as missing:
             self._latest = None
             self._retry_delay_s = min(self._interval_s, max(FIRST_RETRY_S, 2 * self._retry_delay_s))
@@ -101,11 +114,18 @@ class PodResourcesRefresher:
         self._latest = PodResourcesView(pods, allocatable)
         self._tracker.succeeded()
 
-    def _allocatable(self) -> AllocatableResources | None:
+    def _limits(self) -> MachineLimits:
+        """The machine's CPU and NUMA ids, once its topology is known."""
+        topology = self._topology()
+        if topology is None or not topology.online_cpus:
+            return MachineLimits()
+        return MachineLimits(max(topology.online_cpus), frozenset(topology.node_ids))
+
+    def _allocatable(self, limits: MachineLimits) -> AllocatableResources | None:
         if self._allocatable_unimplemented:
             return None
         try:
-            return self._client().allocatable()
+            return self._client().allocatable(limits)
         except SourceError as error:
             if error.error_type != "unimplemented":
                 raise
