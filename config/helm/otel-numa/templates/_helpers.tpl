@@ -17,6 +17,11 @@
 {{- end }}
 {{- end }}
 
+{{/* The namespace of every object: namespaceOverride, else the release's. */}}
+{{- define "otel-numa.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "otel-numa.gatewayName" -}}
 {{- printf "%s-gateway" (include "otel-numa.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -80,18 +85,41 @@ app.kubernetes.io/part-of: otel-numa
 {{ include "otel-numa.chartLabels" . }}
 {{- end }}
 
-{{/* [registry/]repository:tag or @digest; refused until the operator names an image. */}}
+{{/*
+[registry/]repository:tag, or @digest when the image value has one; global.imageRegistry (a mirror) wins over
+the image's own registry. Arguments: (dict "image" .Values.image "root" $ "tag" DEFAULT_TAG).
+*/}}
+{{- define "otel-numa.imageReference" -}}
+{{- $registry := default .image.registry (dig "imageRegistry" "" (.root.Values.global | default dict)) }}
+{{- $name := .image.repository }}
+{{- with $registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $name .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default .tag .image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The agent's image; refused until the operator names one. */}}
 {{- define "otel-numa.image" -}}
 {{- if not .Values.image.repository }}
 {{- fail "image.repository is not set, and no public registry publishes an otel-numa image. Build and push one: `bash scripts/build-image.sh --tag REGISTRY/otel-numa:TAG --push`, then install with --set image.repository=REGISTRY/otel-numa --set image.tag=TAG" }}
 {{- end }}
-{{- $name := .Values.image.repository }}
-{{- with .Values.image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end }}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" $name .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "otel-numa.imageReference" (dict "image" .Values.image "root" . "tag" .Chart.AppVersion) }}
 {{- end }}
+
+{{/* A Kubernetes quantity (128Mi, 1G, 134217728) in bytes. */}}
+{{- define "otel-numa.bytes" -}}
+{{- $quantity := toString . }}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 }}
+{{- $suffix := regexFind "(Ki|Mi|Gi|Ti|k|M|G|T)$" $quantity }}
+{{- mulf (float64 (trimSuffix $suffix $quantity)) (get $units $suffix | default 1) | floor | int64 }}
+{{- end }}
+
+{{/* A number as PromQL reads it: 300, not 3e+02. */}}
+{{- define "otel-numa.number" -}}
+{{- $value := float64 . }}
+{{- if eq $value (floor $value) }}{{ int64 $value }}{{ else }}{{ $value }}{{ end }}
 {{- end }}
 
 {{/* The Prometheus page is served over HTTPS: by the agent (tls.enabled) or by the RBAC proxy. */}}
@@ -109,7 +137,7 @@ app.kubernetes.io/part-of: otel-numa
 {{- .Values.otlp.endpoint }}
 {{- else if .Values.gateway.enabled }}
 {{- $port := ternary 4317 4318 (eq .Values.otlp.protocol "grpc") }}
-{{- printf "http://%s.%s.svc:%d" (include "otel-numa.gatewayName" .) .Release.Namespace $port }}
+{{- printf "http://%s.%s.svc:%d" (include "otel-numa.gatewayName" .) (include "otel-numa.namespace" .) $port }}
 {{- else if has "otlp" .Values.exporters }}
 {{- fail "exporters includes otlp: set otlp.endpoint, or gateway.enabled=true for this chart's collector gateway" }}
 {{- end }}
@@ -147,7 +175,7 @@ metricRelabelings:
 {{- $tls := dict }}
 {{- if $root.Values.tls.enabled }}
 {{- $_ := set $tls "ca" (dict "secret" (dict "name" $root.Values.tls.secretName "key" $root.Values.tls.caKey)) }}
-{{- $_ := set $tls "serverName" (printf "%s.%s.svc" (include "otel-numa.fullname" $root) $root.Release.Namespace) }}
+{{- $_ := set $tls "serverName" (printf "%s.%s.svc" (include "otel-numa.fullname" $root) (include "otel-numa.namespace" $root)) }}
 {{- else }}
 {{- /* kube-rbac-proxy without a certificate of ours serves a self-signed one */}}
 {{- $_ := set $tls "insecureSkipVerify" true }}
