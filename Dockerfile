@@ -20,12 +20,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /src
 # pyproject.toml names README.md as the long description, so the build needs it.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY otel_numa/ otel_numa/
 # The optional secret "ca-bundle" is a PEM bundle pip trusts instead of its own (a TLS-intercepting proxy).
+# constraints.txt: the exact releases the agent and its accelerated export path were proven on.
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
-    && pip wheel --wheel-dir /wheels .
+    && pip wheel --wheel-dir /wheels --constraint constraints.txt .
 
 
 FROM ${BASE_IMAGE}

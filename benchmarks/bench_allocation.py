@@ -177,7 +177,7 @@ def main() -> None:
             sizes.append(f"{name} {len(data) / 1024:.0f} KiB")
             results.append((f"parse {name}", timed(functools.partial(parse, data), rounds)))
 
-        topology = read_topology(scenario.sysfs_root, scenario.procfs_root)
+        topology = read_topology(scenario.sysfs_root)
         state = KubeletState(
             cpu=parse_cpu_manager_state(scenario.cpu_manager_path.read_bytes()),
             memory=parse_memory_manager_state(scenario.memory_manager_path.read_bytes()),

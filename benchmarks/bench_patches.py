@@ -1,8 +1,8 @@
 """Each accelerator patch's gain, for the patch ledger (docs/patches.md).
 
 On the 2x32 and 8x48 large nodes of bench_cost, in-process, one fresh process per measurement: the public
-path, the fast path with every patch, and the fast path with each patch left off
-(``OTEL_NUMA_FAST_PATH_PATCHES_OFF`` names it). A cycle is what the agent does per interval: one OTLP push
+path, the fast path with every patch, with each patch left off, and with the patches up to each one in
+applying order (:func:`configs`). A cycle is what the agent does per interval: one OTLP push
 (through the gRPC OTLP exporter, serialized but not sent) and one scrape of the page in the text format.
 
 - CPU per cycle: ``time.process_time`` around a cycle, median of the cycles, then median of the repeats
@@ -13,7 +13,8 @@ path, the fast path with every patch, and the fast path with each patch left off
 - Memory: what the export path holds after five fresh cycles (tracemalloc, after a full collection, less
   pathlib's interning), measured in the same process after the CPU runs, on a second pipeline.
 
-A patch's gain is what the fast path loses when that patch alone is left off, as a share of that.
+Each patch's gains: in applying order (what it saves over the patches before it) and left out (what the
+fast path loses without it); the ledger says how to read them.
 
     .venv/bin/python -m benchmarks.bench_patches [--cycles 10] [--repeats 3] [--trees 2x32,8x48]
     .venv/bin/python -m benchmarks.bench_patches --ledger-from benchmarks/out/patches.json
@@ -58,7 +59,7 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
     from otel_numa.cli.settings import Settings
     from otel_numa.daemon.agent import Agent
     from otel_numa.daemon.heap import HeapPolicy
-    from otel_numa.export.fast import PATCHES, PUBLIC, FastPath
+    from otel_numa.export.fast import PUBLIC, FastPath
     from otel_numa.export.pipeline import build_pipeline
     from otel_numa.testing.wsgi import call_wsgi
 
@@ -78,8 +79,7 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
 
     node = large_node_at(root, TREES[tree][1])
     agent = Agent(Settings(**node.settings_values()).to_options())  # type: ignore[arg-type]
-    names = {patch.name for patch in PATCHES}
-    path = PUBLIC if config == "public" else FastPath(frozenset(names - {config}))
+    path = PUBLIC if config == "public" else FastPath(patches_of(config))
 
     def pipeline_and_cycle() -> tuple[Any, Any]:
         pipeline = build_pipeline(
@@ -140,6 +140,30 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
     return result
 
 
+def configs() -> list[str]:
+    """What is measured: the public path; every patch ("all"); each patch left off ("without:name", with
+    the patches that require it); the patches in applying order, each step adding one ("upto:name": every
+    patch up to and including it)."""
+    from otel_numa.export.fast import PATCHES
+
+    names = [patch.name for patch in PATCHES]
+    return ["public", "all", *(f"without:{name}" for name in names), *(f"upto:{name}" for name in names[:-1])]
+
+
+def patches_of(config: str) -> frozenset[str]:
+    from otel_numa.export.fast import PATCHES, serving
+
+    names = [patch.name for patch in PATCHES]
+    if config == "all":
+        return serving(set())
+    kind, _, name = config.partition(":")
+    if kind == "without":
+        return serving({name})
+    if kind == "upto":
+        return serving(set(names[names.index(name) + 1 :]))
+    raise SystemExit(f"unknown configuration {config!r}")
+
+
 def measured(root: Path, tree: str, config: str, cycles: int, repeats: int) -> dict[str, float]:
     runs = []
     for _ in range(repeats):
@@ -160,8 +184,15 @@ def gain(without: float, with_: float) -> float:
     return 100 * (without - with_) / without if without else 0.0
 
 
+KEYS = (("cpu_unchanged_ms", "CPU, unchanged"), ("cpu_fresh_ms", "CPU, fresh"), ("memory_kib", "memory"))
+
+
+def _gains(without: dict[str, float], with_: dict[str, float]) -> str:
+    return " | ".join(f"{gain(without[key], with_[key]):+.0f}%" for key, _label in KEYS)
+
+
 def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str:
-    """docs/patches.md: every patch, what it replaces, the private names it touches, its measured gain."""
+    """docs/patches.md: every patch, what it replaces, what it relies on, its measured gains."""
     from otel_numa.export.fast import PATCHES, PROVEN_RELEASES
 
     proven = ", ".join(f"{package} {release}" for package, release in PROVEN_RELEASES.items())
@@ -172,31 +203,42 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
         "one module each; [decisions/export-paths.md](decisions/export-paths.md) says how they are",
         "chosen). Each acts on the agent's own MeterProvider, readers or page only. Proven on: "
         + proven
-        + ".",
+        + " (pinned in `constraints.txt`; [upgrading.md](upgrading.md) says how the set moves).",
         "",
-        "Gain: what the fast path loses when that patch alone is left off, as a share of that (CPU per",
-        "cycle of one OTLP push and one scrape, unchanged inputs and fresh cgroup values; memory the export",
-        "path holds). Method: `benchmarks/bench_patches.py`; figures written by `" + command + "`.",
-        "A patch that gains less than 5% in both CPU and memory on both nodes is deleted, unless it is",
-        "there for correctness rather than speed (`forget_departed`). The machine measured is shared and",
-        "noisy (process CPU time, medians of cycles and of repeats).",
+        "Two gains per patch, each a share of the CPU per cycle (one OTLP push and one scrape, unchanged",
+        "inputs and fresh cgroup values) or of the memory the export path holds:",
+        "",
+        "- *in order*: what adding the patch saves over the patches before it, applied in the order",
+        "  below (the first over the public path). These add up: the steps lead from the public path to",
+        "  the fast one.",
+        "- *left out*: what the fast path loses when that patch alone is left off (with any patch that",
+        "  requires it). The patches overlap (two may save the same work), so these do not add up.",
+        "",
+        "Method: `benchmarks/bench_patches.py`; figures written by `" + command + "`.",
+        "A patch is deleted when it gains less than 5% in CPU and in memory on both nodes by both",
+        "measures, unless it is kept for what it does rather than for speed (`forget_departed`, whose",
+        "figures are shown as measured). The machine",
+        "measured is shared (process CPU time, medians of cycles and of repeats).",
         "",
     ]
+    header = " | ".join(label for _key, label in KEYS)
+    previous = "public"
     for patch in PATCHES:
         out += [f"## `{patch.name}`", "", f"Replaces: {patch.replaces}.", ""]
         names = ", ".join(f"`{name}`" for name in patch.private_names) or "none"
-        out += [f"Private names: {names}.", ""]
+        out += [f"Relies on: {names}.", ""]
+        if patch.requires:
+            out += [f"Requires: {', '.join(f'`{name}`' for name in patch.requires)}.", ""]
         if patch.kept_for:
-            out += [f"Kept for correctness: {patch.kept_for}; its speed figures are noise.", ""]
-        out += ["| node | CPU, unchanged | CPU, fresh | memory |", "|---|---|---|---|"]
+            out += [f"Kept for what it does, whatever its speed: {patch.kept_for}.", ""]
+        current = "all" if patch is PATCHES[-1] else f"upto:{patch.name}"
+        out += [f"| node | measure | {header} |", "|---|---|---|---|---|"]
         for tree, by_config in results.items():
-            every, without = by_config["all"], by_config[patch.name]
-            out.append(
-                f"| {tree} | {gain(without['cpu_unchanged_ms'], every['cpu_unchanged_ms']):+.0f}% "
-                f"| {gain(without['cpu_fresh_ms'], every['cpu_fresh_ms']):+.0f}% "
-                f"| {gain(without['memory_kib'], every['memory_kib']):+.0f}% |"
-            )
+            out.append(f"| {tree} | in order | {_gains(by_config[previous], by_config[current])} |")
+            left_out = by_config[f"without:{patch.name}"]
+            out.append(f"| {tree} | left out | {_gains(left_out, by_config['all'])} |")
         out.append("")
+        previous = current
     out += [
         "## Both paths",
         "",
@@ -205,7 +247,10 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
     ]
     for tree, by_config in results.items():
         for config, figures in by_config.items():
-            label = {"public": "public", "all": "fast, every patch"}.get(config, f"fast, without {config}")
+            label = {"public": "public", "all": "fast, every patch"}.get(config)
+            if label is None:
+                kind, _, name = config.partition(":")
+                label = f"fast, without {name}" if kind == "without" else f"fast, up to {name}"
             out.append(
                 f"| {tree} | {label} | {figures['cpu_unchanged_ms']:.1f} | {figures['cpu_fresh_ms']:.1f} "
                 f"| {figures['memory_kib']:.0f} |"
@@ -231,8 +276,6 @@ def main() -> None:
             ledger(json.loads(args.ledger_from.read_text()), "python -m benchmarks.bench_patches")
         )
         return
-    from otel_numa.export.fast import PATCHES
-
     # figures of earlier runs for other trees are kept: one tree can be measured again alone
     saved = OUT / "patches.json"
     results: dict[str, dict[str, dict[str, float]]] = json.loads(saved.read_text()) if saved.exists() else {}
@@ -241,8 +284,7 @@ def main() -> None:
         for tree in args.trees.split(","):
             root = Path(work) / tree
             write_large_node(root, TREES[tree][1])
-            configs = ["public", "all", *(patch.name for patch in PATCHES)]
-            results[tree] = {c: measured(root, tree, c, args.cycles, args.repeats) for c in configs}
+            results[tree] = {c: measured(root, tree, c, args.cycles, args.repeats) for c in configs()}
             saved.write_text(json.dumps(results, indent=2))
     text = ledger(
         {tree: results[tree] for tree in TREES if tree in results}, "python -m benchmarks.bench_patches"

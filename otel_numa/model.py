@@ -155,6 +155,10 @@ class SmallMap(tuple[Any, ...], Mapping[K, V]):
             return len(other) == len(self) and all(
                 key in other and other[key] == value for key, value in self.pairs()
             )
+        if isinstance(other, tuple):
+            # never equal to the plain tuple it is stored as: that tuple is no mapping, so equality stays
+            # transitive (a map equal to a dict and to a tuple would make the two equal)
+            return False
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:

@@ -50,10 +50,11 @@ apt_install "${packages[@]}"
 extras=""
 [ $want_test -eq 1 ] && extras="[test]"
 stamp=".venv/.installed$extras"
-digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+digest="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".$extras"
+    # the exact releases of constraints.txt: the ones the agent (and its accelerated path) was proven on
+    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".$extras"
     echo "$digest" > "$stamp"
 fi
 

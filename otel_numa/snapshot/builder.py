@@ -30,6 +30,8 @@ from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogN
 from otel_numa.snapshot.collectors.dra import DraPlacer
 from otel_numa.snapshot.collectors.kubelet import KubeletCollector
 from otel_numa.snapshot.collectors.machine import MachineCollector
+from otel_numa.snapshot.container_limit import ContainerLimit
+from otel_numa.snapshot.identity import kept, kept_parts
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.snapshot.stages import Stage
@@ -70,6 +72,7 @@ class SnapshotBuilder:
                 topology=lambda: machine_collector.topology,
             )
         self._allocation: LastResult[Allocation] = LastResult()
+        self._last: Snapshot | None = None
         self._process = OwnProcess() if options.own_process else None
         self._process_failed = False
         # Each stage counts its internal errors on the source it mainly reads.
@@ -82,6 +85,7 @@ class SnapshotBuilder:
             "container_usage", tracker(Source.CGROUP), ()
         )
         self._enrichment_stage = Stage("enrichment", tracker(Source.CRI), Allocation())
+        self._container_limit = ContainerLimit(tracker(Source.CPU_MANAGER))  # the allocation stage's source
         self._check_roots()
 
     def _check_roots(self) -> None:
@@ -114,6 +118,7 @@ class SnapshotBuilder:
             allocated = allocation
             allocation = self._enrichment_stage.run(lambda: self.background.enrich(allocated))
             stages.append(self._enrichment_stage)
+        allocation = self._container_limit.apply(allocation)  # the totals above count every container
         usage: tuple[ContainerUsage, ...] = ()
         if self.cgroups is not None:
             cgroups, joined_allocation = self.cgroups, allocation
@@ -121,7 +126,13 @@ class SnapshotBuilder:
                 lambda: cgroups.containers(joined_allocation, machine, kubelet.live_pods)
             )
             stages.append(self._usage_stage)
-        return Snapshot(
+        last = self._last
+        if last is not None:
+            # what did not change is the last snapshot's object: the instruments' promise (snapshot.identity)
+            machine = kept_parts(machine, last.machine) if machine is not None else None
+            allocation = kept(allocation, last.allocation)
+            usage = kept(usage, last.container_usage)
+        snapshot = Snapshot(
             taken_at=time.monotonic(),
             machine=machine,
             allocation=allocation,
@@ -130,6 +141,8 @@ class SnapshotBuilder:
             stages=tuple(stage.report for stage in stages if stage.report is not None),
             process=self._read_process(),
         )
+        self._last = snapshot
+        return snapshot
 
     def stale(self, latest: Snapshot | None, now: float) -> Snapshot:
         """What a collection serves while a build hangs: the last good data, aged to now, with the stuck

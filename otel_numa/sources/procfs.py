@@ -29,14 +29,13 @@ _OTHER_THAN_CPU_LINE = re.compile(rb"\n(?!cpu)")
 # Every byte of the cpu lines as the kernel prints them: with nothing else, bytes and str split alike
 # and no value can be negative.
 _CPU_BLOCK_CHARS = b"0123456789 \ncpu"
-# "MemTotal:  123 kB", "Node 0 MemTotal:  123 kB", "HugePages_Total:   0"
-_MEMINFO_LINE = re.compile(
-    r"(?:Node\s+\d+\s+)?(?P<name>[^:\s][^:]*?):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?\s*", re.ASCII
-)
-# The same, for a line of printable ASCII (so spaces are its only whitespace) in a multi-line scan: no part
-# of it matches a newline, so each match is one whole line.
-_PLAIN_MEMINFO_LINE = re.compile(
-    r"^(?:Node +\d+ +)?([^: \n][^:\n]*?): *(\d+)(?: +(\S+))? *$", re.ASCII | re.MULTILINE
+# Every line of a meminfo file, as a field ("MemTotal:  123 kB", "Node 0 MemTotal:  123 kB",
+# "HugePages_Total:   0") in the first three groups, or else whole in the fourth (blank or bad). Lines end at
+# "\n"; spaces, tabs and "\r" around a field's parts are allowed.
+_MEMINFO_LINES = re.compile(
+    r"^(?:[ \t\r\f\v]*(?:Node[ \t]+\d+[ \t]+)?([^:\s][^:\n]*?)[ \t]*:[ \t]*(\d+)(?:[ \t]+(\S+))?"
+    r"[ \t\r\f\v]*|([^\n]*))$",
+    re.ASCII | re.MULTILINE,
 )
 # No machine has 2**63 bytes of anything; a larger value is corrupt (and would not fit an exported int64).
 MAX_AMOUNT = (1 << 63) - 1
@@ -246,66 +245,31 @@ class NodeCpuTimes:
 def parse_meminfo(text: str, on_error: ErrorSink | None = None) -> dict[str, int]:
     """Fields of a meminfo file by name; ``kB`` values in bytes, unit-less values (page counts) as is.
 
-    Works for /proc/meminfo and for sysfs ``nodeN/meminfo`` (whose lines start with ``Node N``);
-    blank lines (older kernels start with one) are skipped. Each field stands alone: a bad line is
-    reported (once per file) and left out; without a sink it fails the parse.
+    Works for /proc/meminfo and for sysfs ``nodeN/meminfo`` (whose lines start with ``Node N``); blank
+    lines (older kernels start with one) are skipped. One scan judges every line: each field stands alone,
+    and a bad line is reported (once per file, with how many more) and left out; without a sink it fails
+    the parse.
     """
-    fields = _parse_plain_meminfo(text)
-    return _parse_meminfo_lines(text, on_error) if fields is None else fields
-
-
-def _parse_plain_meminfo(text: str) -> dict[str, int] | None:
-    """The fields of a meminfo in the kernel's own spelling (printable ASCII, every line a field) found
-    by one regex scan; ``None`` for anything else, which the line-by-line parser then judges."""
-    if not (text.isascii() and text.replace("\n", "").isprintable()):
-        return None
-    rows = _PLAIN_MEMINFO_LINE.findall(text)
-    lines = text.split("\n")
-    if len(rows) != len(lines) - lines.count(""):  # a line that is not a field (or is only spaces)
-        return None
     fields: dict[str, int] = {}
-    for name, digits, unit in rows:
+    errors: list[str] = []
+    for name, digits, unit, other in _MEMINFO_LINES.findall(text):
+        if not name:
+            if other and not other.isspace():
+                errors.append("a bad meminfo line")  # contents never quoted: a link may lead anywhere
+            continue
         value = int(digits)
         if unit == "kB":
             value *= 1024
         elif unit:
-            return None
-        if value > MAX_AMOUNT:
-            return None
-        fields[name] = value
-    return fields
-
-
-def _meminfo_field(line: str) -> tuple[str, int]:
-    match = _MEMINFO_LINE.fullmatch(line.strip())
-    if match is None:
-        raise SourceCorrupt("a bad meminfo line")  # contents never quoted: a link may lead anywhere
-    value = int(match.group("value"))
-    unit = match.group("unit")
-    if unit == "kB":
-        value *= 1024
-    elif unit is not None:
-        raise SourceCorrupt(f"unknown unit in meminfo line {match.group('name')}")
-    if value > MAX_AMOUNT:
-        raise SourceCorrupt(f"out-of-range meminfo line {match.group('name')}")
-    return match.group("name"), value
-
-
-def _parse_meminfo_lines(text: str, on_error: ErrorSink | None = None) -> dict[str, int]:
-    fields: dict[str, int] = {}
-    errors: list[SourceCorrupt] = []
-    for line in text.splitlines():
-        if not line.strip():
+            errors.append(f"unknown unit in meminfo line {name}")
             continue
-        try:
-            name, value = _meminfo_field(line)
-        except SourceCorrupt as error:
-            if on_error is None:
-                raise
-            errors.append(error)
+        if value > MAX_AMOUNT:
+            errors.append(f"out-of-range meminfo line {name}")
             continue
         fields[name] = value
     if errors:
+        if on_error is None:
+            raise SourceCorrupt(errors[0])
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         report(SourceCorrupt(f"{errors[0]}{more}"), on_error)
     return fields

@@ -313,13 +313,11 @@ def _warn_overlap_once(overlap: frozenset[int], nodes: tuple[NumaNode, ...]) -> 
     )
 
 
-def read_topology(sysfs_root: Path, procfs_root: Path, *, on_error: ErrorSink | None = None) -> Topology:
+def read_topology(sysfs_root: Path, *, on_error: ErrorSink | None = None) -> Topology:
     """Nodes, their online CPUs and distances.
 
     A node whose CPUs cannot be known (no usable ``cpulist`` or ``cpumap``, or no usable online mask) has
     ``cpus_known=False`` and no CPUs; a node whose ``distance`` is unusable has no distances.
-    ``procfs_root`` is not needed today (everything comes from sysfs); it is accepted so that every
-    machine reader takes the same roots.
     """
     online_cpus = _read_online_cpus(sysfs_root, on_error)
     present = _node_ids(sysfs_root, on_error)

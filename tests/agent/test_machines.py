@@ -22,7 +22,7 @@ def extracted(name: str, dest: Path) -> Path:
 
 def test_the_gpu_guest_reads_as_hwloc_sees_it(tmp_path: Path) -> None:
     top = extracted("h200-vm", tmp_path)
-    topology = sysfs.read_topology(top / "sys", top / "proc")
+    topology = sysfs.read_topology(top / "sys")
     hwloc = hwloc_topology(top)
     assert topology.node_ids == tuple(sorted(hwloc.nodes)) == (0,)
     assert topology.nodes[0].cpus == hwloc.nodes[0].cpus == frozenset(range(16))

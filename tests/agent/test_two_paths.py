@@ -5,10 +5,14 @@ installed SDK of another shape, or another release, serves the public path with 
 
 from __future__ import annotations
 
+import http.server
 import logging
+import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +400,73 @@ def test_the_command_line_chooses_the_path(tmp_path: Path) -> None:
     assert series(node.run_once("--fast-path", "off"), "numa_agent_fast_path") == {frozenset(): 0.0}
     assert series(node.run_once(), "numa_agent_fast_path") == {frozenset(): 1.0}
     assert series(node.exposition(fast_path="off"), "numa_agent_fast_path") == {frozenset(): 0.0}
+
+
+class HttpCollector:
+    """An OTLP/HTTP endpoint in the test process that keeps every request body as it arrived."""
+
+    def __init__(self) -> None:
+        bodies = self.bodies = []  # type: list[bytes]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_console_and_otlp_http_exporters_give_the_same_data_on_both_paths(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The console exporter writes the SDK's JSON and the OTLP/HTTP exporter posts the same protobuf on
+    both paths, through pod churn (the page and gRPC are compared by the tests above)."""
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path, spec)
+    collectors = (HttpCollector(), HttpCollector())
+    agent = Agent(
+        Settings(
+            **node.settings_values(),  # type: ignore[arg-type]
+            disable="health",
+            otlp_protocol="http/protobuf",
+        ).to_options()
+    )
+    pipelines = []
+    for path, collector in zip((choose("auto"), PUBLIC), collectors, strict=True):
+        # each path pushes to its own collector
+        export = replace(agent.options.export, otlp_url=f"{collector.url}/v1/metrics")
+        options = replace(agent.options, export=export)
+        pipelines.append(build_pipeline(options, agent.store, exporters=("otlp", "console"), fast_path=path))
+    assert pipelines[0].fast_path and not pipelines[1].fast_path
+    capfd.readouterr()
+    try:
+        for generation in generations(node, agent):
+            outputs = []
+            for pipeline in pipelines:
+                pipeline.push()
+                outputs.append(re.sub(r'"(start_)?time_unix_nano": \d+', "", capfd.readouterr().out))
+            assert outputs[0] == outputs[1], generation
+            assert '"numa.cpu.allocated"' in outputs[0] and '"k8s.pod.uid"' in outputs[0]
+            fast, public = (
+                timeless(ExportMetricsServiceRequest.FromString(collector.bodies[-1]))
+                for collector in collectors
+            )
+            assert fast == public, generation
+            assert len(list(points_of(fast))) > 10
+    finally:
+        for pipeline in pipelines:
+            pipeline.shutdown(timeout_s=1)
+        for collector in collectors:
+            collector.close()

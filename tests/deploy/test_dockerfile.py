@@ -206,6 +206,8 @@ def test_builder_turns_the_project_into_wheels(stages: list[Stage]) -> None:
     builder = stages[0]
     runs = " ".join(i.arguments for i in builder.all("RUN"))
     assert re.search(r"pip wheel\b.*--wheel-dir[= ]/wheels\b.*\s\.(\s|$)", runs), runs
+    # the exact releases the agent was proven on, not whatever PyPI has newest that day
+    assert re.search(r"pip wheel\b.*--constraint[= ]constraints\.txt\b", runs), runs
 
 
 def test_every_copy_source_is_in_the_build_context(stages: list[Stage]) -> None:

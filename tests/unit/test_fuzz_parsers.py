@@ -252,7 +252,7 @@ def machine(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def read_everything(sysfs_root: Path, procfs_root: Path) -> None:
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     memory = sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
     pools = sysfs.NodeFiles(sysfs_root, topology, procfs_root).hugepages()
     sysfs.NodeFiles(sysfs_root, topology).numastat()
@@ -289,9 +289,9 @@ def test_per_cpu_online_files_with_any_content(
     tmp_path_factory: pytest.TempPathFactory, content: bytes
 ) -> None:
     root = tmp_path_factory.mktemp("cpu-online")
-    sysfs_root, procfs_root = write_machine(root, TWO_NODES, cpu_online_file=False)
+    sysfs_root, _procfs_root = write_machine(root, TWO_NODES, cpu_online_file=False)
     (sysfs_root / "devices/system/cpu/cpu3/online").write_bytes(content)
-    result = source_result(lambda: sysfs.read_topology(sysfs_root, procfs_root))
+    result = source_result(lambda: sysfs.read_topology(sysfs_root))
     if isinstance(result, Topology):
         assert result.online_cpus in (frozenset({0, 1, 2}), frozenset({0, 1, 2, 3}))
 

@@ -48,7 +48,7 @@ def _by_class(devices: PciDevices) -> dict[tuple[int, int], int]:
 
 
 def _read(sysfs: Path, procfs: Path) -> PciDevices:
-    topology = read_topology(sysfs, procfs)
+    topology = read_topology(sysfs)
     return pci.read_pci_devices(sysfs, topology)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -280,7 +281,7 @@ def test_corrupt_stat_per_node(text: str) -> None:
 @pytest.mark.parametrize("name", sorted(STAT_SNAPSHOTS))
 def test_snapshot_cpu_time_per_node(tmp_path: Path, name: str) -> None:
     root = extract_snapshot(name, tmp_path)
-    topology = sysfs.read_topology(root / "sys", root / "proc")
+    topology = sysfs.read_topology(root / "sys")
     stat = (root / "proc" / "stat").read_text()
     expected: dict[int, list[int]] = {}
     for line in stat.splitlines():  # the sums by hand: each node's CPUs' columns added up
@@ -337,31 +338,53 @@ def test_node_ticks_equal_sums_by_hand(
     }
 
 
-# --- meminfo: the fast path and the line-by-line parser agree ---------------------------------------
+# --- meminfo: every line judged on its own --------------------------------------------------------------
+
+_FIELD = re.compile(r"(?:Node[ \t]+\d+[ \t]+)?([^:\s][^:\n]*?)[ \t]*:[ \t]*(\d+)(?:[ \t]+(\S+))?", re.ASCII)
+
+
+def meminfo_by_line(text: str) -> dict[str, int] | str:
+    """What meminfo says, read the slow, plain way: line by line, each stripped and matched whole."""
+    fields = {}
+    for line in text.split("\n"):
+        line = line.strip(" \t\r\f\v")
+        if not line:
+            continue
+        match = _FIELD.fullmatch(line)
+        if match is None or match.group(3) not in (None, "kB"):
+            return "corrupt"
+        value = int(match.group(2)) * (1024 if match.group(3) else 1)
+        if value >= 1 << 63:
+            return "corrupt"
+        fields[match.group(1)] = value
+    return fields
 
 
 MEMINFO_LINES = st.tuples(
-    st.sampled_from(["", " ", "Node 1 ", "Node  12  ", "Node x ", "node 1 "]),
+    st.sampled_from(["", " ", "Node 1 ", "Node  12  ", "Node x ", "node 1 ", "\t"]),
     st.sampled_from(["MemTotal", "Active(anon)", "Mem Free", "Hugepagesize", "", ":", "Node"]),
     st.sampled_from([":", ": ", ":  \t", " :", "", "::"]),
     st.sampled_from(["0", "12", "007", str((1 << 63) - 1), str(1 << 63), str(1 << 53), "x", "-1", "1.5", ""]),
-    st.sampled_from(["", " kB", "  kB  ", " MB", " kB kB", "kB", "\t kB", " "]),
+    st.sampled_from(["", " kB", "  kB  ", " MB", " kB kB", "kB", "\t kB", " ", "\r"]),
 ).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    lines=st.lists(MEMINFO_LINES | st.text(max_size=12), max_size=6),
+    lines=st.lists(MEMINFO_LINES | st.text(alphabet=" :\t\rkB0123456789MemNode", max_size=12), max_size=6),
     end=st.sampled_from(["", "\n", "\n\n", "\r\n"]),
 )
-def test_meminfo_fast_path_agrees_with_the_line_parser(lines: list[str], end: str) -> None:
+def test_meminfo_is_what_a_line_by_line_reading_says(lines: list[str], end: str) -> None:
     text = end.join(lines) + end
-    try:
-        expected: dict[str, int] | str = procfs._parse_meminfo_lines(text)
-    except SourceCorrupt:
-        expected = "corrupt"
     try:
         got: dict[str, int] | str = procfs.parse_meminfo(text)
     except SourceCorrupt:
         got = "corrupt"
-    assert got == expected
+    assert got == meminfo_by_line(text)
+
+
+def test_meminfo_bad_lines_are_counted_and_the_good_ones_kept() -> None:
+    errors: list[SourceCorrupt] = []
+    text = "\nMemTotal:  4 kB\nMemFree: x kB\nHugePages_Total:  3\nbroken line\nMemUsed: 2 MB\n"
+    assert procfs.parse_meminfo(text, errors.append) == {"MemTotal": 4096, "HugePages_Total": 3}
+    assert [str(error) for error in errors] == ["a bad meminfo line (and 2 more)"]

@@ -46,3 +46,12 @@ def test_interned_values_are_one_object_each_and_forgotten_together_past_the_lim
     assert interned(frozenset({3})) is not first  # the third distinct value: the first two are forgotten
     assert interned(again) is again and interned(frozenset({0, 1})) is again
     assert shared_set([1, 0]) is shared_set((0, 1)) and shared_set([]) is shared_set(set())
+
+
+def test_a_small_map_equals_mappings_only_so_equality_stays_transitive() -> None:
+    made = small_map({0: 1, 1: 2})
+    stored_as = tuple(tuple.__iter__(made))  # the plain tuple it is kept as: (keys, *values)
+    assert made == {0: 1, 1: 2} and made == small_map({0: 1, 1: 2})
+    assert made != stored_as and stored_as != made
+    assert stored_as != {0: 1, 1: 2}
+    assert small_map({}) != ((),) and small_map({}) == {}

@@ -122,7 +122,7 @@ class Snapshot:
         return self.top / "proc"
 
     def topology(self) -> Topology:
-        return sysfs.read_topology(self.sysfs, self.procfs)
+        return sysfs.read_topology(self.sysfs)
 
     def expected(self) -> Expected:
         return HWLOC_DIFFERENCES[self.name](from_hwloc(self.hwloc))

@@ -99,7 +99,7 @@ def node_file(sysfs_root: Path, node: int, name: str) -> Path:
 
 def test_two_nodes(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.nodes == (
         NumaNode(id=0, cpus=frozenset({0, 1, 2, 3}), distances={0: 10, 1: 20}),
         NumaNode(id=1, cpus=frozenset({4, 5, 6, 7}), distances={0: 20, 1: 10}),
@@ -153,10 +153,10 @@ def test_cpumap_without_cpulist(tmp_path: Path) -> None:
         NodeSpec(0, cpus={0, 1, 40, 41}, mem_total_kib=1000),
         NodeSpec(1, cpus={2, 3, 64}, mem_total_kib=1000),
     ]
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes, node_cpu_files=("cpumap",))
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes, node_cpu_files=("cpumap",))
     assert not node_file(sysfs_root, 0, "cpulist").exists()
     assert node_file(sysfs_root, 1, "cpumap").read_text() == "1,00000000,0000000c\n"
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node(0).cpus == frozenset({0, 1, 40, 41})
     assert topology.node(1).cpus == frozenset({2, 3, 64})
 
@@ -173,7 +173,7 @@ def test_blank_first_line_and_trailing_nul(tmp_path: Path) -> None:
     ):
         path.write_bytes(path.read_bytes() + b"\x00")
     assert node_file(sysfs_root, 0, "meminfo").read_text().startswith("\nNode 0 MemTotal:")
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node(0) == NumaNode(id=0, cpus=frozenset({0, 1, 2, 3}), distances={0: 10, 1: 20})
     assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()[0] == NodeMemory(
         8_000_000 * KIB, 6_000_000 * KIB, 2_000_000 * KIB
@@ -205,7 +205,7 @@ def test_missing_meminfo_fields(
 ) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
     write_file(node_file(sysfs_root, 1, "meminfo"), format_node_meminfo(1, fields, hugepage_counts=True))
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     memory = sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
     assert memory.get(1) == expected
     assert memory[0].total_bytes == 8_000_000 * KIB
@@ -221,7 +221,7 @@ def test_multiple_hugepage_sizes(tmp_path: Path) -> None:
     ]
     sysfs_root, procfs_root = write_machine(tmp_path, nodes)
     assert not node_file(sysfs_root, 2, "hugepages").exists()
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert sysfs.NodeFiles(sysfs_root, topology).hugepages() == {
         0: (
             HugepagePool(size_kib=64, total_pages=100, free_pages=90),
@@ -243,8 +243,8 @@ def test_sparse_ids_and_memory_only_node(tmp_path: Path) -> None:
         NodeSpec(33, cpus=range(4, 8), mem_total_kib=1000, mem_free_kib=500),
         NodeSpec(72, mem_total_kib=64 << 20, mem_free_kib=64 << 20),  # HBM-like: memory, no CPU
     ]
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes)
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node_ids == (0, 33, 72)
     assert topology.node(72) == NumaNode(id=72, cpus=frozenset(), distances={0: 20, 33: 20, 72: 10})
     assert topology.node(33).distances == {0: 20, 33: 10, 72: 20}
@@ -254,28 +254,28 @@ def test_sparse_ids_and_memory_only_node(tmp_path: Path) -> None:
 
 
 def test_offline_cpus_from_per_cpu_files(tmp_path: Path) -> None:
-    sysfs_root, procfs_root = write_machine(
+    sysfs_root, _procfs_root = write_machine(
         tmp_path, TWO_NODES, online_cpus=[0, 1, 2, 4, 5], cpu_online_file=False
     )
     assert not (sysfs_root / "devices/system/cpu/online").exists()
     assert not (sysfs_root / "devices/system/cpu/cpu0/online").exists()  # cpu0: no file, online
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.online_cpus == frozenset({0, 1, 2, 4, 5})
     assert topology.node(0).cpus == frozenset({0, 1, 2})
     assert topology.node(1).cpus == frozenset({4, 5})
 
 
 def test_cpu0_offline(tmp_path: Path) -> None:
-    sysfs_root, procfs_root = write_machine(
+    sysfs_root, _procfs_root = write_machine(
         tmp_path, TWO_NODES, online_cpus=range(1, 8), cpu_online_file=False
     )
     assert (sysfs_root / "devices/system/cpu/cpu0/online").read_text() == "0\n"
-    assert sysfs.read_topology(sysfs_root, procfs_root).node(0).cpus == frozenset({1, 2, 3})
+    assert sysfs.read_topology(sysfs_root).node(0).cpus == frozenset({1, 2, 3})
 
 
 @pytest.mark.parametrize("cpu_online_file", [True, False], ids=["cpu-online-file", "per-cpu-files"])
 def test_signature_changes_when_a_cpu_goes_offline(tmp_path: Path, cpu_online_file: bool) -> None:
-    sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES, cpu_online_file=cpu_online_file)
+    sysfs_root, _procfs_root = write_machine(tmp_path, TWO_NODES, cpu_online_file=cpu_online_file)
     before = sysfs.topology_signature(sysfs_root)
     assert sysfs.topology_signature(sysfs_root) == before
     write_file(
@@ -285,7 +285,7 @@ def test_signature_changes_when_a_cpu_goes_offline(tmp_path: Path, cpu_online_fi
     set_cpu_online(sysfs_root, 5, False)
     offline = sysfs.topology_signature(sysfs_root)
     assert offline != before
-    assert sysfs.read_topology(sysfs_root, procfs_root).node(1).cpus == frozenset({4, 6, 7})
+    assert sysfs.read_topology(sysfs_root).node(1).cpus == frozenset({4, 6, 7})
     set_cpu_online(sysfs_root, 5, True)
     assert sysfs.topology_signature(sysfs_root) == before
 
@@ -322,11 +322,11 @@ def test_distance_rows_of_odd_length(
     tmp_path: Path, row: str, possible: str | None, expected: dict[int, int]
 ) -> None:
     nodes = [NodeSpec(0, cpus=[0], mem_total_kib=1), NodeSpec(2, cpus=[1], mem_total_kib=1)]
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes)
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes)
     write_file(node_file(sysfs_root, 0, "distance"), row + "\n")
     if possible is not None:
         write_file(sysfs_root / NODE_DIR / "possible", possible + "\n")
-    assert sysfs.read_topology(sysfs_root, procfs_root).node(0).distances == expected
+    assert sysfs.read_topology(sysfs_root).node(0).distances == expected
 
 
 # --- overlapping cpulists --------------------------------------------------------------------------
@@ -336,14 +336,14 @@ def test_overlap_warned_once_per_distinct_set(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fresh_overlap_warnings: None
 ) -> None:
     nodes = [NodeSpec(0, cpus=range(0, 6), mem_total_kib=1), NodeSpec(1, cpus=range(4, 8), mem_total_kib=1)]
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes)
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes)
     with caplog.at_level(logging.WARNING, logger=sysfs.__name__):
         for _ in range(3):
-            topology = sysfs.read_topology(sysfs_root, procfs_root)
+            topology = sysfs.read_topology(sysfs_root)
         assert topology.overlapping_cpus == frozenset({4, 5})
         assert topology.node(0).cpus == frozenset(range(6))  # as the kernel states it
         write_file(node_file(sysfs_root, 1, "cpulist"), "3-7\n")
-        assert sysfs.read_topology(sysfs_root, procfs_root).overlapping_cpus == frozenset({3, 4, 5})
+        assert sysfs.read_topology(sysfs_root).overlapping_cpus == frozenset({3, 4, 5})
     messages = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert len(messages) == 2
     assert "4-5" in messages[0] and "3-5" in messages[1]
@@ -354,7 +354,7 @@ def test_overlap_warned_once_per_distinct_set(
 
 def test_node_files_vanishing(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     node_file(sysfs_root, 1, "meminfo").unlink()
     node_file(sysfs_root, 1, "numastat").unlink()
     node_file(sysfs_root, 0, "hugepages/hugepages-2048kB/free_hugepages").unlink()
@@ -369,7 +369,7 @@ def test_node_files_vanishing(machine: tuple[Path, Path]) -> None:
 
 def test_node_going_offline_between_reads(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     shutil.rmtree(sysfs_root / NODE_DIR / "node1")
     assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {0}
     assert set(sysfs.NodeFiles(sysfs_root, topology).hugepages()) == {0}
@@ -379,7 +379,7 @@ def test_node_going_offline_between_reads(machine: tuple[Path, Path]) -> None:
 def test_node_going_offline_during_the_topology_read(
     machine: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sysfs_root, procfs_root = machine
+    sysfs_root, _procfs_root = machine
     node1 = sysfs_root / NODE_DIR / "node1"
     real_open = os.open
 
@@ -389,15 +389,15 @@ def test_node_going_offline_during_the_topology_read(
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", racing_open)
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node_ids == (0,)
 
 
 def test_node_without_cpulist_or_cpumap_has_no_cpus(machine: tuple[Path, Path]) -> None:
-    sysfs_root, procfs_root = machine
+    sysfs_root, _procfs_root = machine
     node_file(sysfs_root, 1, "cpulist").unlink()
     node_file(sysfs_root, 1, "cpumap").unlink()
-    assert sysfs.read_topology(sysfs_root, procfs_root).node(1).cpus == frozenset()
+    assert sysfs.read_topology(sysfs_root).node(1).cpus == frozenset()
 
 
 def test_directory_in_place_of_a_file(machine: tuple[Path, Path]) -> None:
@@ -408,7 +408,7 @@ def test_directory_in_place_of_a_file(machine: tuple[Path, Path]) -> None:
     pool = node_file(sysfs_root, 0, "hugepages/hugepages-2048kB/nr_hugepages")
     pool.unlink()
     pool.mkdir()
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node(1) == NumaNode(id=1, cpus=frozenset({4, 5, 6, 7}), distances={})  # from cpumap
     assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {0}
     assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {0}
@@ -421,7 +421,7 @@ def test_permission_denied_on_a_node_file(
     sysfs_root, procfs_root = machine
     fail_open(node_file(sysfs_root, 0, "meminfo"), errno.EACCES)
     fail_open(node_file(sysfs_root, 0, "numastat"), errno.EIO)
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert set(sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()) == {1}
     assert set(sysfs.NodeFiles(sysfs_root, topology).numastat()) == {1}
 
@@ -429,12 +429,12 @@ def test_permission_denied_on_a_node_file(
 def test_permission_denied_on_the_cpu_online_file(
     machine: tuple[Path, Path], fail_open: Callable[[Path, int], None]
 ) -> None:
-    sysfs_root, procfs_root = machine
+    sysfs_root, _procfs_root = machine
     before = sysfs.topology_signature(sysfs_root)
     fail_open(sysfs_root / "devices/system/cpu/online", errno.EACCES)
     errors: list[SourceError] = []
     # the cpuN/online files tell the same, so nothing is lost; the unreadable file is reported
-    topology = sysfs.read_topology(sysfs_root, procfs_root, on_error=errors.append)
+    topology = sysfs.read_topology(sysfs_root, on_error=errors.append)
     assert topology.online_cpus == frozenset(range(8))
     assert [node.cpus for node in topology.nodes] == [frozenset(range(4)), frozenset(range(4, 8))]
     assert [error.error_type for error in errors] == [SourceUnavailable.error_type]
@@ -445,19 +445,19 @@ def test_permission_denied_on_the_cpu_online_file(
 
 
 def test_missing_cpu_root(machine: tuple[Path, Path]) -> None:
-    sysfs_root, procfs_root = machine
+    sysfs_root, _procfs_root = machine
     shutil.rmtree(sysfs_root / "devices/system/cpu")
     with pytest.raises(SourceMissing):
-        sysfs.read_topology(sysfs_root, procfs_root)
+        sysfs.read_topology(sysfs_root)
     with pytest.raises(SourceMissing):
         sysfs.topology_signature(sysfs_root)
     with pytest.raises(SourceMissing):
-        sysfs.read_topology(sysfs_root / "nowhere", procfs_root)
+        sysfs.read_topology(sysfs_root / "nowhere")
 
 
 def test_missing_node_root_after_topology(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     shutil.rmtree(sysfs_root / NODE_DIR)
     with pytest.raises(SourceMissing):
         sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
@@ -486,11 +486,11 @@ def test_corrupt_content(tmp_path: Path, relative: str, content: str, reader: st
     sysfs_root, procfs_root = write_machine(
         tmp_path, TWO_NODES, cpu_online_file=reader != "topology-no-online-file"
     )
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     write_file(sysfs_root / relative, content)
     readers: dict[str, Callable[[], object]] = {
-        "topology": lambda: sysfs.read_topology(sysfs_root, procfs_root),
-        "topology-no-online-file": lambda: sysfs.read_topology(sysfs_root, procfs_root),
+        "topology": lambda: sysfs.read_topology(sysfs_root),
+        "topology-no-online-file": lambda: sysfs.read_topology(sysfs_root),
         "memory": lambda: sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory(),
         "numastat": lambda: sysfs.NodeFiles(sysfs_root, topology).numastat(),
         "hugepages": lambda: sysfs.NodeFiles(sysfs_root, topology).hugepages(),
@@ -508,7 +508,7 @@ def test_garbage_only_ever_raises_source_errors(machine: tuple[Path, Path], name
     sysfs_root, procfs_root = machine
     write_file(node_file(sysfs_root, 0, name), content)
     try:
-        topology = sysfs.read_topology(sysfs_root, procfs_root)
+        topology = sysfs.read_topology(sysfs_root)
         sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
         sysfs.NodeFiles(sysfs_root, topology).numastat()
         sysfs.NodeFiles(sysfs_root, topology).hugepages()
@@ -526,7 +526,7 @@ UMA = [
 def test_no_numa(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, UMA, with_numa=False, online_cpus=[0, 1, 3])
     assert not (sysfs_root / NODE_DIR).exists()
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.nodes == (NumaNode(id=0, cpus=frozenset({0, 1, 3}), distances={}),)
     assert not topology.numa_enabled
     assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory() == {
@@ -538,7 +538,7 @@ def test_no_numa(tmp_path: Path) -> None:
 
 def test_no_numa_hugepages_from_proc_meminfo(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, UMA, with_numa=False, global_hugepages=False)
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert sysfs.NodeFiles(sysfs_root, topology, procfs_root).hugepages() == {
         0: (HugepagePool(2048, 64, 60),)
     }
@@ -550,16 +550,16 @@ def test_no_numa_hugepages_from_proc_meminfo(tmp_path: Path) -> None:
 def test_no_numa_without_proc_meminfo(tmp_path: Path) -> None:
     sysfs_root, procfs_root = write_machine(tmp_path, UMA, with_numa=False)
     (procfs_root / "meminfo").unlink()
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     with pytest.raises(SourceMissing):
         sysfs.NodeFiles(sysfs_root, topology, procfs_root).memory()
 
 
 def test_uniform_machine_scales(tmp_path: Path) -> None:
     nodes = uniform_nodes(16, 256, hugepages={2048: (8, 8)})
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes, cpu_dirs=False)
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes, cpu_dirs=False)
     assert not (sysfs_root / "devices/system/cpu/cpu0").exists()
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    topology = sysfs.read_topology(sysfs_root)
     assert topology.node_ids == tuple(range(16))
     assert topology.node(15).cpus == frozenset(range(3840, 4096))
     assert topology.node(3).distances[3] == 10 and topology.node(3).distances[4] == 20
@@ -575,7 +575,7 @@ def pool_dir(sysfs_root: Path, node: int, size_kib: int) -> Path:
 
 def test_node_files_follow_the_values_round_after_round(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     assert files.hugepages()[0] == (HugepagePool(size_kib=2048, total_pages=512, free_pages=500),)
     assert files.numastat()[1]["hit"] == 300
     write_file(pool_dir(sysfs_root, 0, 2048) / "free_hugepages", "17\n")
@@ -590,14 +590,14 @@ def test_node_files_follow_the_values_round_after_round(machine: tuple[Path, Pat
 
 def test_node_files_list_the_pools_again_when_one_vanishes(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     assert files.hugepages()[0] == (HugepagePool(2048, 512, 500),)
     # a new page size is not looked for every round ...
     write_file(pool_dir(sysfs_root, 0, 1048576) / "nr_hugepages", "4\n")
     write_file(pool_dir(sysfs_root, 0, 1048576) / "free_hugepages", "3\n")
     assert files.hugepages()[0] == (HugepagePool(2048, 512, 500),)
     # ... but a fresh NodeFiles (a new topology) sees it, and so does this one once a listed pool is gone
-    fresh = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    fresh = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     assert fresh.hugepages()[0] == (HugepagePool(2048, 512, 500), HugepagePool(1048576, 4, 3))
     shutil.rmtree(pool_dir(sysfs_root, 0, 2048))
     assert files.hugepages() == {0: (HugepagePool(1048576, 4, 3),), 1: (HugepagePool(2048, 256, 0),)}
@@ -608,7 +608,7 @@ def test_node_files_list_the_pools_again_when_one_vanishes(machine: tuple[Path, 
 def test_node_files_see_hugepages_of_memory_added_later(tmp_path: Path) -> None:
     nodes = [NodeSpec(0, cpus=[0], mem_total_kib=4 << 20, hugepages={2048: (4, 4)}), NodeSpec(1, cpus=[1])]
     sysfs_root, procfs_root = write_machine(tmp_path, nodes)
-    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     assert set(files.hugepages()) == {0}  # node 1 has no memory, so no hugepages directory
     write_file(pool_dir(sysfs_root, 1, 2048) / "nr_hugepages", "2\n")  # memory hot-added
     write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "1\n")
@@ -619,7 +619,7 @@ def test_node_files_report_bad_nodes_and_keep_the_others(
     machine: tuple[Path, Path], fail_open: Callable[[Path, int], None]
 ) -> None:
     sysfs_root, procfs_root = machine
-    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     files.hugepages()  # the pools are listed now; what follows hits the cached paths
     fail_open(pool_dir(sysfs_root, 0, 2048) / "nr_hugepages", errno.EACCES)
     write_file(pool_dir(sysfs_root, 1, 2048) / "free_hugepages", "lots\n")
@@ -648,7 +648,7 @@ def test_node_files_report_bad_nodes_and_keep_the_others(
 
 def test_node_files_of_a_vanished_node_directory(machine: tuple[Path, Path]) -> None:
     sysfs_root, procfs_root = machine
-    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root, procfs_root), procfs_root)
+    files = sysfs.NodeFiles(sysfs_root, sysfs.read_topology(sysfs_root), procfs_root)
     files.hugepages()
     shutil.rmtree(sysfs_root / NODE_DIR)
     for read in (files.memory, files.hugepages, files.numastat):
@@ -658,7 +658,7 @@ def test_node_files_of_a_vanished_node_directory(machine: tuple[Path, Path]) -> 
 
 def test_nodes_by_cpu(tmp_path: Path, fresh_overlap_warnings: None) -> None:
     nodes = [NodeSpec(0, cpus=[0, 1, 2]), NodeSpec(1, cpus=[2, 3]), NodeSpec(2, mem_total_kib=1000)]
-    sysfs_root, procfs_root = write_machine(tmp_path, nodes, online_cpus=[0, 1, 2])
-    topology = sysfs.read_topology(sysfs_root, procfs_root)
+    sysfs_root, _procfs_root = write_machine(tmp_path, nodes, online_cpus=[0, 1, 2])
+    topology = sysfs.read_topology(sysfs_root)
     # CPU 2 claimed by both nodes (buggy firmware), CPU 3 offline, node 2 without CPUs
     assert sysfs.nodes_by_cpu(topology) == {0: (0,), 1: (0,), 2: (0, 1)}

@@ -74,7 +74,17 @@ def choose(mode: str, environ: Mapping[str, str] = os.environ) -> FastPath:
     if problem is not None:
         return PUBLIC
     off = {name.strip() for name in environ.get(PATCHES_OFF_ENV, "").split(",")}
-    return FastPath(frozenset(patch.name for patch in PATCHES if patch.name not in off))
+    return FastPath(serving(off))
+
+
+def serving(off: set[str]) -> frozenset[str]:
+    """The patches that serve with ``off`` left off: a patch serves only where every patch it requires
+    does (PATCHES lists each after those it requires)."""
+    on: set[str] = set()
+    for patch in PATCHES:
+        if patch.name not in off and all(required in on for required in patch.requires):
+            on.add(patch.name)
+    return frozenset(on)
 
 
 @functools.cache

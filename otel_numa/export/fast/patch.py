@@ -15,12 +15,16 @@ class Patch:
 
     name: str
     replaces: str  # the public-path work it replaces
-    private_names: tuple[str, ...]  # the libraries' private names it touches
+    # every internal of another package it relies on: private names, and unexported helpers or shapes of
+    # public calls that their documentation does not promise
+    private_names: tuple[str, ...]
     # Tries the patch on throwaway objects of the installed libraries: None when it gives exactly what the
     # public path gives, else why not. Any exception it raises means "not this shape".
     check: Callable[[], str | None]
     # set for a patch kept for what it does rather than for speed (the ledger's 5% rule does not apply)
     kept_for: str = ""
+    # patches it builds on: it serves only where they serve too (and comes after them in PATCHES)
+    requires: tuple[str, ...] = ()
 
 
 def point_summaries(data: Any) -> list[tuple[str, dict[str, Any], Any, bool]]:

@@ -4,9 +4,10 @@ prometheus_client renders every sample of every family on every scrape. The agen
 family's last text; a family with the same series and values is served as it was, and one with the same
 series and new values gets the new numbers written into its text (in prometheus_client's own number
 format). Anything else is rendered by prometheus_client's public encoders, one family at a time, so the
-page is byte for byte what they write. It touches no private name: it is an accelerator because it relies
-on the families that ``reused_translations`` keeps, and it serves only the agent's own page app
-(:func:`page_app`); prometheus_client's module functions are left as they are.
+page is byte for byte what they write. It requires ``reused_translations`` (it renders the families that
+patch keeps), relies on two unpromised shapes of prometheus_client (its number format helper and the form of
+:func:`choose_encoder`'s answer), and serves only the agent's own page app (:func:`page_app`);
+prometheus_client's module functions are left as they are.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from otel_numa.export.fast.patch import Patch
-from otel_numa.export.fast.reused_translations import _OneFamily, _plain, _SeriesRecipe, _ValuesFamily
+from otel_numa.export.fast.reused_translations import OneFamily, SeriesRecipe, ValuesFamily, plain_sample
 
 _EOF = b"# EOF\n"
 _NEWLINE, _COMMENT = ord("\n"), ord("#")
@@ -53,7 +54,7 @@ class _RenderedFamily:
     # lines are not one plain "<series> <value>" line per sample
     value_starts: array[int] | None
     # what the text was rendered from: a recipe and values, or else the family itself (held)
-    recipe: _SeriesRecipe | None
+    recipe: SeriesRecipe | None
     values: tuple[object, ...] | None
     family: Any
 
@@ -86,14 +87,12 @@ class RenderedFamilies:
         return self._render(registry, form, lambda one: self.text_encoder(one, **options))
 
     def openmetrics(self, registry: Any, **options: str) -> bytes:
-        def render(one: _OneFamily) -> bytes:
+        def render(one: OneFamily) -> bytes:
             return self.openmetrics_encoder(one, **options).removesuffix(_EOF)
 
         return self._render(registry, ("openmetrics", *sorted(options.items())), render) + _EOF
 
-    def _render(
-        self, registry: Any, form: tuple[object, ...], render: Callable[[_OneFamily], bytes]
-    ) -> bytes:
+    def _render(self, registry: Any, form: tuple[object, ...], render: Callable[[OneFamily], bytes]) -> bytes:
         last = self._last.get(form, {})
         now: dict[str, _RenderedFamily] = {}
         parts: list[bytes] = []
@@ -114,7 +113,7 @@ class RenderedFamilies:
 
 def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
     """``known``'s text for ``family``, with the new values written in; None when the series differ."""
-    if isinstance(family, _ValuesFamily):
+    if isinstance(family, ValuesFamily):
         if family.recipe is not known.recipe:
             return None
         if family.values == known.values:
@@ -127,22 +126,22 @@ def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
     return None
 
 
-def _rendered(family: Any, render: Callable[[_OneFamily], bytes]) -> _RenderedFamily:
+def _rendered(family: Any, render: Callable[[OneFamily], bytes]) -> _RenderedFamily:
     """``family`` rendered through the library (a recipe's family slice by slice, not kept)."""
-    if isinstance(family, _ValuesFamily):
+    if isinstance(family, ValuesFamily):
         text = family.recipe.render(family.values, render)
         if text is not None:
             starts = _value_starts(text, len(family.values))
             return _RenderedFamily(*_kept(text), starts, family.recipe, family.values, None)
         whole = family.whole()  # a slice that is not one plain sample per series: the whole, as it is
-        text = render(_OneFamily(whole))
+        text = render(OneFamily(whole))
         return _RenderedFamily(*_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
-    text = render(_OneFamily(family))
+    text = render(OneFamily(family))
     return _RenderedFamily(*_kept(text), _plain_starts(text, family), None, None, family)
 
 
 def _plain_starts(text: bytes, family: Any) -> array[int] | None:
-    if not all(_plain(sample) for sample in family.samples):
+    if not all(plain_sample(sample) for sample in family.samples):
         return None
     return _value_starts(text, len(family.samples))
 
@@ -172,7 +171,7 @@ def _same_series(before: Any, now: Any) -> bool:
         and before.unit == now.unit
         and len(before.samples) == len(now.samples)
         and all(
-            a.name == b.name and (a.labels is b.labels or a.labels == b.labels) and _plain(b)
+            a.name == b.name and (a.labels is b.labels or a.labels == b.labels) and plain_sample(b)
             for a, b in zip(before.samples, now.samples, strict=True)
         )
     )
@@ -239,6 +238,12 @@ def _render_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], regi
     return encoder(registry)
 
 
+def _known_encoder(encoder: Callable[..., bytes]) -> bool:
+    if isinstance(encoder, functools.partial) and not encoder.args:
+        return encoder.func is generate_latest or encoder.func is openmetrics.generate_latest
+    return encoder is generate_latest
+
+
 def _check() -> str | None:
     """Every format :func:`choose_encoder` gives, rendered twice through a throwaway page with changing
     values, is byte for byte the library's."""
@@ -246,6 +251,8 @@ def _check() -> str | None:
 
     for accept in ("", "text/plain; version=1.0.0", "application/openmetrics-text; version=1.0.0"):
         encoder, _content_type = choose_encoder(accept)
+        if not _known_encoder(encoder):  # the page would still be right, but never reuse a family's text
+            return f"choose_encoder({accept!r}) gave {encoder!r}, not a partial of a known encoder"
         rendered = RenderedFamilies(generate_latest, openmetrics.generate_latest)
         why = page_differs(reuse_translations, encoder, functools.partial(_render_with, rendered, encoder))
         if why is not None:
@@ -256,6 +263,10 @@ def _check() -> str | None:
 PATCH = Patch(
     name="rendered_families",
     replaces="prometheus_client's rendering of every family on every scrape",
-    private_names=(),
+    private_names=(
+        "prometheus_client.utils.floatToGoString (not exported: the number format of the text encoders)",
+        "prometheus_client.exposition.choose_encoder returning functools.partial of generate_latest",
+    ),
     check=_check,
+    requires=("reused_translations",),
 )

@@ -8,7 +8,7 @@ anything that changed goes through the exporter's own translation, so the famili
 The reader's collector's private ``_translate_metric`` is wrapped on the agent's own reader only.
 
 A family of one sample per data point (gauges, counters) is kept as its values and a recipe
-(:class:`_SeriesRecipe`): its samples, a name and a label dict per series (~450 bytes each), are made again
+(:class:`SeriesRecipe`): its samples, a name and a label dict per series (~450 bytes each), are made again
 by the exporter's translation only when something reads them. Such a family is translated and rendered a
 slice of series at a time (SERIES_PER_SLICE), so the samples of the page's largest family never exist at
 once (otel_numa.export.fast.rendered_families writes new values into the last text).
@@ -42,7 +42,7 @@ PROBED_SERIES = 8
 
 
 @dataclass(eq=False)
-class _SeriesRecipe:
+class SeriesRecipe:
     """What a family of one sample per data point is made from, but its values: the exporter's own
     translation of the metric (without its data points) with these attribute dicts. The same object while
     the series are the same (compared by identity)."""
@@ -69,7 +69,7 @@ class _SeriesRecipe:
         self.translate(_with_points(self.metric, points), self.scope_attrs, self.resource_attrs, families)
         return families[self.family_id]
 
-    def render(self, values: tuple[Any, ...], render: Callable[[_OneFamily], bytes]) -> bytes | None:
+    def render(self, values: tuple[Any, ...], render: Callable[[OneFamily], bytes]) -> bytes | None:
         """The family's text, rendered a slice of series at a time: the first slice's whole, the sample
         lines of the others. None if a slice is not one plain sample per series."""
         parts: list[bytes] = []
@@ -79,7 +79,7 @@ class _SeriesRecipe:
             family = self.family(some, start)
             if not _one_sample_per_point(((self.family_id, family),), some):
                 return None
-            text = render(_OneFamily(family))
+            text = render(OneFamily(family))
             parts.append(text if start == 0 else _sample_lines(text))
         return b"".join(parts)
 
@@ -96,11 +96,11 @@ def _sample_lines(text: bytes) -> bytes:
     return text[at:]
 
 
-class _ValuesFamily(PrometheusMetric):
+class ValuesFamily(PrometheusMetric):
     """A family of one sample per data point, kept as its values and its recipe; its samples are made
     anew whenever they are read (and not kept)."""
 
-    def __init__(self, family: Any, recipe: _SeriesRecipe, values: tuple[object, ...]) -> None:
+    def __init__(self, family: Any, recipe: SeriesRecipe, values: tuple[object, ...]) -> None:
         # no Metric.__init__: the names were checked when ``family`` was made
         self.name = family.name
         self.documentation = family.documentation
@@ -128,8 +128,8 @@ class _Translation:
     values: tuple[object, ...]
     families: tuple[tuple[str, object], ...]  # (family id, prometheus_client family) as handed over
     # set for one family whose samples are the data points' values in order: new values only need a new
-    # _ValuesFamily
-    recipe: _SeriesRecipe | None = None
+    # ValuesFamily
+    recipe: SeriesRecipe | None = None
 
 
 def _one_sample_per_point(families: tuple[tuple[str, Any], ...], values: tuple[object, ...]) -> bool:
@@ -137,7 +137,7 @@ def _one_sample_per_point(families: tuple[tuple[str, Any], ...], values: tuple[o
         return False
     samples = families[0][1].samples
     return len(samples) == len(values) and all(
-        _plain(sample) and sample.value is value for sample, value in zip(samples, values, strict=True)
+        plain_sample(sample) and sample.value is value for sample, value in zip(samples, values, strict=True)
     )
 
 
@@ -194,7 +194,7 @@ class _TranslatedMetrics:
                 return
             if known.recipe is not None and None not in values:
                 ((family_id, family),) = known.families
-                families = ((family_id, _ValuesFamily(family, known.recipe, values)),)
+                families = ((family_id, ValuesFamily(family, known.recipe, values)),)
                 metric_family_id_metric_family.update(families)
                 self._known[key] = _Translation(known.attributes, values, families, known.recipe)
                 return
@@ -238,14 +238,17 @@ class _TranslatedMetrics:
             return None  # not one plain sample per point, or merged into another metric's family
         ((family_id, family),) = probe
         without_points = _with_points(metric, [])
-        recipe = _SeriesRecipe(
+        recipe = SeriesRecipe(
             self._translate, without_points, family_id, attributes, scope_attrs, resource_attrs, sliced
         )
-        kept = ((family_id, _ValuesFamily(family, recipe, values)),)
+        kept = ((family_id, ValuesFamily(family, recipe, values)),)
         return _Translation(attributes, values, kept, recipe)
 
 
-class _OneFamily:
+# Shared with rendered_families, which requires this patch: its families, one at a time, to a library encoder.
+class OneFamily:
+    """A collector of one family (what prometheus_client's encoders take)."""
+
     def __init__(self, family: object) -> None:
         self._family = family
 
@@ -253,7 +256,8 @@ class _OneFamily:
         return [self._family]
 
 
-def _plain(sample: Any) -> bool:
+def plain_sample(sample: Any) -> bool:
+    """Whether ``sample`` is one plain "<series> <value>" line (no timestamp, exemplar or histogram)."""
     return (
         sample.value is not None
         and sample.timestamp is None

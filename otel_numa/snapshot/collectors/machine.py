@@ -69,7 +69,7 @@ class MachineCollector:
                 self._read_pci(self._topology, failed)
             return self._topology
         errors: list[SourceError] = []
-        topology = sysfs.read_topology(self._sysfs_root, self._procfs_root, on_error=errors.append)
+        topology = sysfs.read_topology(self._sysfs_root, on_error=errors.append)
         for error in errors:
             self._sysfs.failed(error)
             failed.add(self._sysfs.name)
@@ -158,12 +158,6 @@ class MachineCollector:
             )
         with self._procfs.timed():
             cpu_time = self._cpu_time(cpu_times, failed, last.cpu_time if last else None)
-        if last is not None:
-            # the same objects for values that did not change: instruments then reuse their observations
-            memory = last.memory if memory == last.memory else memory
-            hugepages = last.hugepages if hugepages == last.hugepages else hugepages
-            numastat = last.numastat if numastat == last.numastat else numastat
-            cpu_time = last.cpu_time if cpu_time == last.cpu_time else cpu_time
         usage = MachineUsage(topology, memory, hugepages, numastat, cpu_time, self._pci)
         procfs_read = MachinePart.CPU_TIME in self._parts or (
             MachinePart.MEMORY in self._parts and not topology.numa_enabled
