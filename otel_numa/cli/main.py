@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from otel_numa import __version__
+from otel_numa.cli import mistakes
 from otel_numa.cli.settings import (
     FLAGS,
     ConfigKeyError,
@@ -33,9 +34,18 @@ EXIT_BAD_CONFIG = 2
 log = logging.getLogger("otel_numa")
 
 
+COMMANDS = ("--once", "--list-metrics", "--version", "--help")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        # One clear line, as for any other bad setting.
+        # One clear line, as for any other bad setting, with the flag that was most likely meant.
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            word = unknown.split()[0].split("=", 1)[0]
+            kind = "flag" if word.startswith("-") else "argument"
+            hint = mistakes.unknown_argument_hint(word, [flag.option for flag in FLAGS] + list(COMMANDS))
+            message = f"unknown {kind} {word}; {hint}"
         self.exit(EXIT_BAD_CONFIG, f"otel-numa: {message}\n")
 
 
@@ -139,7 +149,8 @@ def load_settings(argv: Sequence[str] | None = None) -> tuple[Settings, bool]:
     except ValidationError as exc:
         error = exc.errors()[0]
         name = _setting_name(str(error["loc"][0])) if error["loc"] else "settings"
-        _die(f"invalid setting {name}: {error['msg']}")
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        _die(f"invalid setting {name}{_given_as(name, given, config_file)}: {reason}")
     _check_tls_files(settings)
     return settings, bool(args.once)
 
@@ -154,6 +165,28 @@ def _check_tls_files(settings: Settings) -> None:
         load_server_context(settings.tls)
     except TlsFileError as exc:
         _die(f"invalid setting {exc.setting}: {exc}")
+
+
+def _given_as(setting: str, given: dict[str, Any], config_file: str | None) -> str:
+    """Where a bad value came from, as the operator wrote it: the flag, the environment variable or the
+    YAML file."""
+    if setting in given:
+        flag = next((f.option for f in FLAGS if f.setting == setting), None)
+        return f" ({flag})" if flag else ""
+    if setting not in Settings.model_fields:
+        return ""
+    for variable in environment_names(setting):
+        if variable in os.environ:
+            return f" ({variable}={os.environ[variable]!r})"
+    return f" (in {config_file})" if config_file else ""
+
+
+def warn_unknown_environment() -> None:
+    """An OTEL_NUMA_* variable that sets nothing is most likely a misspelt one: say so, with the nearest."""
+    known = [name for setting in Settings.model_fields for name in environment_names(setting)]
+    for name, close in mistakes.unknown_environment(os.environ, known):
+        hint = f"did you mean {close}?" if close else "otel-numa --help names each setting's variable"
+        log.warning("%s is not a setting of otel-numa and is ignored; %s", name, hint)
 
 
 def _setting_name(location: str) -> str:
@@ -190,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings, once = load_settings(args)
     options = settings.to_options()
     setup_logging(settings.log_level)
+    warn_unknown_environment()
     if once:
         from otel_numa.daemon.agent import Agent  # after logging, so import-time warnings are formatted
 

@@ -24,6 +24,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from otel_numa.cli import mistakes
 from otel_numa.instruments import catalogue
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.model import Source
@@ -185,6 +186,15 @@ class Settings(BaseSettings):
     def _exclude_list(cls, value: Any) -> Any:
         return _split_list(value)
 
+    @field_validator("metrics_exclude")
+    @classmethod
+    def _excludes_something(cls, value: frozenset[str]) -> frozenset[str]:
+        # a pattern that matches no metric excludes nothing: a typo the operator would never notice
+        problems = mistakes.unmatched_patterns(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
     @field_validator("container_memory_types", mode="before")
     @classmethod
     def _memory_types(cls, value: Any) -> Any:
@@ -212,12 +222,36 @@ class Settings(BaseSettings):
                 raise ValueError(f"expected a CPU list such as 0-1,8: {exc}") from exc
         return value
 
+    @field_validator("reserved_cpus")
+    @classmethod
+    def _cpus_of_this_machine(
+        cls, value: frozenset[int] | None, info: ValidationInfo
+    ) -> frozenset[int] | None:
+        # the kubelet's reserved CPUs are some of the machine's: others would make numa.cpu.allocatable wrong
+        sysfs_root = info.data.get("sysfs_root")
+        if value and isinstance(sysfs_root, Path):
+            problem = mistakes.absent_cpus(value, sysfs_root)
+            if problem:
+                raise ValueError(problem)
+        return value
+
     @field_validator("prometheus_address", "health_address")
     @classmethod
     def _address(cls, value: str) -> str:
         if value.lower() == "none":
             return "none"
         parse_host_port(value)
+        return value
+
+    @field_validator("health_address")
+    @classmethod
+    def _own_port(cls, value: str, info: ValidationInfo) -> str:
+        page = info.data.get("prometheus_address")
+        if isinstance(page, str) and mistakes.shared_port(_address_or_none(page), _address_or_none(value)):
+            raise ValueError(
+                f"{value} is where prometheus_address ({page}) serves the page: give /healthz a port of its "
+                "own (--health-address, 9465 by default)"
+            )
         return value
 
     @field_validator("tls_cert_file", "tls_key_file", "tls_client_ca_file", mode="before")

@@ -5,6 +5,7 @@ What is read and how a snapshot is built is :mod:`otel_numa.snapshot.builder`'s 
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -36,10 +37,16 @@ class CannotListen(OSError):
 
     def __init__(self, setting: str, host: str, port: int, cause: OSError) -> None:
         reason = (cause.strerror or str(cause)).lower()
-        super().__init__(
-            f"cannot listen on {host}:{port} ({setting}): {reason}; stop what uses it or choose another "
-            f"--{setting.replace('_', '-')}"
-        )
+        flag = f"--{setting.replace('_', '-')}"
+        advice = {
+            errno.EADDRINUSE: f"another process (a second agent?) listens there: stop it or choose another "
+            f"{flag}",
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: give {flag} one of its "
+            f"addresses, or 0.0.0.0:{port} for all of them",
+            errno.EACCES: f"ports below 1024 need a capability the agent does not have: choose a port above "
+            f"1023 in {flag}",
+        }.get(cause.errno or 0, f"choose another {flag}")
+        super().__init__(f"cannot listen on {host}:{port} ({setting}): {reason}; {advice}")
         self.setting = setting
 
 
