@@ -266,18 +266,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trees", default="2x32,8x48")
     parser.add_argument("--ledger-from", type=Path, help="write docs/patches.md from saved figures")
+    parser.add_argument("--ledger-to", type=Path, default=LEDGER, help="where the ledger goes")
     args = parser.parse_args()
     if args.measure:
         root, tree, config = args.measure
         print(json.dumps(measure(Path(root), tree, config, int(os.environ.get("BENCH_CYCLES", "10")))))
         return
     if args.ledger_from:
-        LEDGER.write_text(
+        args.ledger_to.write_text(
             ledger(json.loads(args.ledger_from.read_text()), "python -m benchmarks.bench_patches")
         )
         return
     # figures of earlier runs for other trees are kept: one tree can be measured again alone
-    saved = OUT / "patches.json"
+    saved = OUT / "patches.json" if args.ledger_to == LEDGER else args.ledger_to.with_suffix(".json")
     results: dict[str, dict[str, dict[str, float]]] = json.loads(saved.read_text()) if saved.exists() else {}
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as work:
@@ -289,7 +290,7 @@ def main() -> None:
     text = ledger(
         {tree: results[tree] for tree in TREES if tree in results}, "python -m benchmarks.bench_patches"
     )
-    LEDGER.write_text(text)
+    args.ledger_to.write_text(text)
     print(text)
 
 

@@ -4,7 +4,8 @@ With ``--fast-path off`` the agent prints a page (``--once``), a real Prometheus
 receives its push; with ``auto`` it serves the fast path on the releases it was proven on, or says (one
 warning and ``numa_agent_fast_path 0``) that it serves the public path.
 
-Run it alone with ``pytest -m upgrade``; it takes a minute or two with pip's cache warm."""
+Run by scripts/upgrade_check.py (or alone: ``pytest -m upgrade``), not by CI; it takes a minute or two with
+pip's cache warm."""
 
 from __future__ import annotations
 

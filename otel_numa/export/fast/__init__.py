@@ -48,6 +48,9 @@ PATCHES: tuple[Patch, ...] = (
 )
 # For benchmarks only: patch names, comma-separated, to leave off on the fast path.
 PATCHES_OFF_ENV = "OTEL_NUMA_FAST_PATH_PATCHES_OFF"
+# For the upgrade check only (scripts/upgrade_check.py): "1" lifts the release check, so the patches are
+# tried on releases they were not proven on (each patch's own check still decides).
+UNPROVEN_ENV = "OTEL_NUMA_FAST_PATH_UNPROVEN"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ def shape_problem() -> str | None:
 
 
 def _versions_problem() -> str | None:
+    if os.environ.get(UNPROVEN_ENV) == "1":
+        return None
     for package, proven in PROVEN_RELEASES.items():
         try:
             installed = version(package)
