@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import zip_longest
 from operator import itemgetter
 from pathlib import Path
@@ -22,13 +23,11 @@ CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq",
 # Every kernel since 2.4 prints at least user, nice, system and idle.
 _MIN_CPU_FIELDS = 4
 
-_CPU_LABEL = re.compile(r"cpu(\d+)")
-# For the column-wise parse of an ASCII /proc/stat (where \d is the same as in _CPU_LABEL)
-_CPU_LABEL_BYTES = re.compile(rb"cpu(\d+)")
+_CPU_LABEL = re.compile(rb"cpu(\d+)")
+_CPU_LINES = re.compile(rb"^cpu.*", re.MULTILINE)  # "." stops at the line's end
 _OTHER_THAN_CPU_LINE = re.compile(rb"\n(?!cpu)")
-# Every byte of the cpu lines as the kernel prints them: with nothing else, bytes and str split alike
-# and no value can be negative.
-_CPU_BLOCK_CHARS = b"0123456789 \ncpu"
+# a cpu line split into its label, the modes read, and the rest (guest columns: neither split nor read)
+_SPLITS = len(CPU_MODES) + 1
 # Every line of a meminfo file, as a field ("MemTotal:  123 kB", "Node 0 MemTotal:  123 kB",
 # "HugePages_Total:   0") in the first three groups, or else whole in the fourth (blank or bad). Lines end at
 # "\n"; spaces, tabs and "\r" around a field's parts are allowed.
@@ -53,64 +52,20 @@ def _user_hz() -> int:
 USER_HZ = _user_hz()
 
 
-def _parse_cpu_ticks(text: str, on_error: ErrorSink | None = None) -> tuple[dict[int, list[int]], set[int]]:
-    """The ``cpuN`` lines of /proc/stat as ticks per mode (up to :data:`CPU_MODES`), by CPU id, and the
-    ids whose line is bad (reported once per read; without a sink the first one raises).
-
-    The reference parser: every check and error message lives here. A CPU listed twice keeps its last line.
-    """
-    ticks_by_cpu: dict[int, list[int]] = {}
-    bad_cpus: set[int] = set()
-    bad_lines: list[str] = []
-    for line in text.splitlines():
-        if not line.startswith("cpu"):
-            continue
-        fields = line.split()
-        label = _CPU_LABEL.fullmatch(fields[0])
-        if label is None:
-            continue
-        cpu = int(label.group(1))
-        try:
-            ticks = [int(value) for value in fields[1 : 1 + len(CPU_MODES)]]
-        except ValueError:
-            problem = "bad"
-        else:
-            problem = "negative time in" if any(tick < 0 for tick in ticks) else ""
-            problem = problem or ("short" if len(ticks) < _MIN_CPU_FIELDS else "")
-        if problem:
-            if on_error is None:
-                raise SourceCorrupt(f"{problem} /proc/stat line of cpu{cpu}")  # contents never quoted
-            bad_lines.append(f"cpu{cpu}")
-            bad_cpus.add(cpu)
-            ticks_by_cpu.pop(cpu, None)
-            continue
-        ticks_by_cpu[cpu] = ticks
-        bad_cpus.discard(cpu)
-    if bad_lines:
-        report(
-            SourceCorrupt(f"/proc/stat: {len(bad_lines)} bad CPU line(s), first of {bad_lines[0]}"),
-            on_error,
-        )
-    elif not ticks_by_cpu:
-        report(SourceCorrupt("/proc/stat has no per-CPU lines"), on_error)
-    return ticks_by_cpu, bad_cpus
+# Picks a node's rows out of one column of /proc/stat values.
+_RowPicker = Callable[[Sequence[int]], Iterable[int]]
 
 
-def sum_ticks_by_node(
-    ticks_by_cpu: Mapping[int, Sequence[int]], nodes_of_cpu: Mapping[int, Iterable[int]]
-) -> dict[int, tuple[int, ...]]:
-    """Per-CPU ticks summed per node and mode; a mode printed for only some CPUs counts 0 for the others.
-
-    A CPU in no node is left out; a CPU that several nodes claim counts in each. A node none of whose CPUs
-    has a line is absent.
-    """
-    rows_by_node: dict[int, list[Sequence[int]]] = {}
-    for cpu, ticks in ticks_by_cpu.items():
-        for node in nodes_of_cpu.get(cpu, ()):
-            rows_by_node.setdefault(node, []).append(ticks)
-    return {
-        node: tuple(map(sum, zip_longest(*rows, fillvalue=0))) for node, rows in sorted(rows_by_node.items())
-    }
+def _row_picker(rows: Sequence[int]) -> _RowPicker:
+    """One C-level pick per column: a slice for consecutive rows (the usual node), else an itemgetter."""
+    first, last = rows[0], rows[-1]
+    if list(rows) == list(range(first, last + 1)):
+        span = slice(first, last + 1)
+        return lambda column: column[span]
+    if len(rows) == 1:
+        return lambda column: (column[first],)
+    picker: _RowPicker = itemgetter(*rows)  # two or more rows here, so it returns a tuple
+    return picker
 
 
 def ticks_to_seconds(
@@ -123,29 +78,26 @@ def ticks_to_seconds(
     }
 
 
-# Picks a node's rows out of one column of /proc/stat values.
-_RowPicker = Callable[[Sequence[int]], Iterable[int]]
+@dataclass(frozen=True)
+class _Layout:
+    """Where each CPU's line is among a file's ``cpu`` lines, for one order of labels."""
 
-
-def _row_picker(rows: Sequence[int]) -> _RowPicker:
-    """One C-level pick per column: a slice for consecutive rows (the usual node), else an itemgetter."""
-    first, last = rows[0], rows[-1]
-    if list(rows) == list(range(first, last + 1)):
-        span = slice(first, last + 1)
-        return lambda column: column[span]
-    picker: _RowPicker = itemgetter(*rows)  # two or more rows here, so it returns a tuple
-    return picker
+    rows: tuple[int, ...]  # the lines read: each CPU's last one, in file order
+    cpus: tuple[int, ...]  # the CPU of each of those rows
+    pickers: tuple[tuple[int, _RowPicker], ...]  # per node, the rows of its CPUs
 
 
 class NodeCpuTimes:
     """CPU time per NUMA node and mode from /proc/stat, for one CPU -> nodes mapping (one per topology).
 
-    Ticks are summed per node before the one conversion to seconds. The usual file (the ``cpu`` lines
-    first, each with the same number of columns, nothing in them but labels and decimal digits) is parsed
-    by columns: one split per line, one ``int()`` per needed value, and each node's sum picked by row
-    numbers that are kept while the file lists the same CPUs in the same order. Anything else goes through
-    the line-by-line parser, which gives the same result or judges each line: a node with a bad line is
-    left out (with a sink) rather than summed without that CPU.
+    One parse, one pass: the ``cpu`` lines are split once (label, the modes, the rest); each CPU's last line
+    is its own (labels that are not ``cpuN``, like the total ``cpu`` line, are skipped). A line is good when
+    it has at least :data:`_MIN_CPU_FIELDS` modes, every one a non-negative integer. In the kernel's usual
+    file every line has as many columns, and the checks and sums run a column at a time (one ``int()`` per
+    value, each node's sum picked by row positions kept while the file lists the same CPUs in the same
+    order); otherwise each line is judged on its own, and a mode some lines lack counts 0 for them. Ticks
+    are summed per node before the one conversion to seconds; a node with a bad line is left out (with a
+    sink) rather than summed without that CPU.
     """
 
     def __init__(self, nodes_of_cpu: Mapping[int, Iterable[int]]) -> None:
@@ -156,26 +108,12 @@ class NodeCpuTimes:
                 cpus_of_node.setdefault(node, set()).add(cpu)
         self._cpus_of_node = {node: frozenset(cpus) for node, cpus in cpus_of_node.items()}
         self._labels: tuple[bytes, ...] | None = None
-        self._listed: frozenset[int] = frozenset()
-        self._pickers: tuple[tuple[int, _RowPicker], ...] = ()
+        self._layout = _Layout((), (), ())
 
     def parse_ticks(self, text: str, on_error: ErrorSink | None = None) -> dict[int, tuple[int, ...]]:
         """Tick sums per node id, in :data:`CPU_MODES` order, as many modes as the kernel prints, over the
-        CPUs that have a line."""
+        CPUs that have a good line."""
         return self._parse(text, on_error)[0]
-
-    def _parse(
-        self, text: str, on_error: ErrorSink | None
-    ) -> tuple[dict[int, tuple[int, ...]], frozenset[int]]:
-        """The sums, and the CPUs with a good line."""
-        # bytes split and int() faster than str; only ASCII reads the same either way
-        sums = self._sum_columns(text.encode("ascii")) if text.isascii() else None
-        if sums is not None:
-            return sums, self._listed
-        ticks_by_cpu, bad_cpus = _parse_cpu_ticks(text, on_error)
-        spoiled = {node for cpu in bad_cpus for node in self._nodes_of_cpu.get(cpu, ())}
-        sums = sum_ticks_by_node(ticks_by_cpu, self._nodes_of_cpu)
-        return {node: row for node, row in sums.items() if node not in spoiled}, frozenset(ticks_by_cpu)
 
     def parse(self, text: str, user_hz: int = USER_HZ) -> dict[int, dict[str, float]]:
         """Seconds per node id and mode (see :data:`CPU_MODES`)."""
@@ -195,51 +133,113 @@ class NodeCpuTimes:
         whole = {node: row for node, row in sums.items() if self._cpus_of_node.get(node, listed) <= listed}
         return ticks_to_seconds(whole)
 
-    def _sum_columns(self, text: bytes) -> dict[int, tuple[int, ...]] | None:
-        """The column-wise sums, or ``None`` when the file is not in the usual shape."""
-        # The kernel prints the cpu lines first; "cpu" anywhere after them is not the usual shape.
-        other_line = _OTHER_THAN_CPU_LINE.search(text)
-        end = len(text) if other_line is None else other_line.start()
-        if not text.startswith(b"cpu") or text.find(b"cpu", end) != -1:
-            return None
-        block = text[:end]
-        if block.translate(None, _CPU_BLOCK_CHARS):  # only labels, digits, spaces and newlines
-            return None
-        # at most label, the modes and the rest of the line (guest columns are neither split nor read)
-        rows = [line.split(None, len(CPU_MODES) + 1) for line in block.split(b"\n")]
-        widths = set(map(len, rows))
-        if len(widths) != 1:
-            return None
-        mode_count = min(widths.pop() - 1, len(CPU_MODES))
-        if mode_count < _MIN_CPU_FIELDS:
-            return None
-        columns = list(zip(*rows, strict=True))
-        labels: tuple[bytes, ...] = columns[0]
-        if labels != self._labels and not self._map_rows(labels):
-            return None
-        try:
-            values = [list(map(int, column)) for column in columns[1 : 1 + mode_count]]
-        except ValueError:
-            return None
-        return {node: tuple(sum(pick(column)) for column in values) for node, pick in self._pickers}
+    def _parse(
+        self, text: str, on_error: ErrorSink | None
+    ) -> tuple[dict[int, tuple[int, ...]], frozenset[int]]:
+        """The sums per node, and the CPUs with a good line."""
+        data = text.encode("utf-8", "surrogateescape")
+        lines = [line.split(None, _SPLITS) for line in _cpu_lines(data)]
+        layout = self._layout_of(tuple(line[0] for line in lines))
+        if not layout.rows:
+            report(SourceCorrupt("/proc/stat has no per-CPU lines"), on_error)
+            return {}, frozenset()
+        sums = _column_sums(lines, layout, signed=b"-" in data)
+        if sums is not None:
+            return sums, frozenset(layout.cpus)
+        return self._judged_sums([lines[row] for row in layout.rows], layout, on_error)
 
-    def _map_rows(self, labels: tuple[bytes, ...]) -> bool:
-        """Row numbers of each node's CPUs for this order of lines; ``False`` when no line is a CPU's."""
+    def _layout_of(self, labels: tuple[bytes, ...]) -> _Layout:
+        if labels == self._labels:
+            return self._layout
         row_of_cpu: dict[int, int] = {}
         for row, label in enumerate(labels):
-            match = _CPU_LABEL_BYTES.fullmatch(label)
+            match = _CPU_LABEL.fullmatch(label)
             if match is not None:
                 row_of_cpu[int(match.group(1))] = row  # a CPU listed twice keeps its last line
-        if not row_of_cpu:
-            return False
-        rows_by_node: dict[int, list[int]] = {}
-        for cpu, row in row_of_cpu.items():
+        ordered = sorted(row_of_cpu.items(), key=lambda item: item[1])
+        rows_of_node: dict[int, list[int]] = {}
+        for cpu, row in ordered:
             for node in self._nodes_of_cpu.get(cpu, ()):
-                rows_by_node.setdefault(node, []).append(row)
-        self._pickers = tuple((node, _row_picker(rows)) for node, rows in sorted(rows_by_node.items()))
+                rows_of_node.setdefault(node, []).append(row)
         self._labels = labels
-        self._listed = frozenset(row_of_cpu)
-        return True
+        self._layout = _Layout(
+            rows=tuple(row for _cpu, row in ordered),
+            cpus=tuple(cpu for cpu, _row in ordered),
+            pickers=tuple((node, _row_picker(rows)) for node, rows in sorted(rows_of_node.items())),
+        )
+        return self._layout
+
+    def _judged_sums(
+        self, rows: list[list[bytes]], layout: _Layout, on_error: ErrorSink | None
+    ) -> tuple[dict[int, tuple[int, ...]], frozenset[int]]:
+        """The sums when the lines are not all alike: each line judged on its own."""
+        good: dict[int, list[int]] = {}
+        bad: list[int] = []
+        for row, cpu in zip(rows, layout.cpus, strict=True):
+            ticks, problem = _ticks_of(row)
+            if problem:
+                if on_error is None:
+                    raise SourceCorrupt(f"{problem} /proc/stat line of cpu{cpu}")  # contents never quoted
+                bad.append(cpu)
+            else:
+                good[cpu] = ticks
+        if bad:
+            report(SourceCorrupt(f"/proc/stat: {len(bad)} bad CPU line(s), first of cpu{bad[0]}"), on_error)
+        spoiled = {node for cpu in bad for node in self._nodes_of_cpu.get(cpu, ())}
+        by_node: dict[int, list[list[int]]] = {}
+        for cpu, ticks in good.items():
+            for node in self._nodes_of_cpu.get(cpu, ()):
+                by_node.setdefault(node, []).append(ticks)
+        sums = {
+            node: tuple(map(sum, zip_longest(*rows_of_node, fillvalue=0)))
+            for node, rows_of_node in sorted(by_node.items())
+            if node not in spoiled
+        }
+        return sums, frozenset(good)
+
+
+def _cpu_lines(data: bytes) -> list[bytes]:
+    """The ``cpu`` lines: the kernel prints them first, so the usual file is cut where they end."""
+    other = _OTHER_THAN_CPU_LINE.search(data)
+    end = len(data) if other is None else other.start()
+    if data.startswith(b"cpu") and data.find(b"\ncpu", end) == -1:
+        return data[:end].split(b"\n")
+    return _CPU_LINES.findall(data)
+
+
+def _column_sums(
+    lines: list[list[bytes]], layout: _Layout, signed: bool
+) -> dict[int, tuple[int, ...]] | None:
+    """The sums a column at a time, when every ``cpu`` line (the total and any repeated line too) has as
+    many good modes; else None. ``signed``: whether the file holds a minus sign at all."""
+    rows = lines
+    widths = set(map(len, rows))
+    if len(widths) != 1:
+        return None
+    mode_count = min(widths.pop() - 1, len(CPU_MODES))
+    if mode_count < _MIN_CPU_FIELDS:
+        return None
+    columns = list(zip(*rows, strict=True))[1 : 1 + mode_count]
+    try:
+        values = [list(map(int, column)) for column in columns]
+    except ValueError:
+        return None
+    if signed and any(min(column) < 0 for column in values):
+        return None
+    return {node: tuple(sum(pick(column)) for column in values) for node, pick in layout.pickers}
+
+
+def _ticks_of(row: list[bytes]) -> tuple[list[int], str]:
+    """One line's ticks per mode, or why the line is bad."""
+    try:
+        ticks = [int(value) for value in row[1 : 1 + len(CPU_MODES)]]
+    except ValueError:
+        return [], "bad"
+    if any(tick < 0 for tick in ticks):
+        return [], "negative time in"
+    if len(ticks) < _MIN_CPU_FIELDS:
+        return [], "short"
+    return ticks, ""
 
 
 def parse_meminfo(text: str, on_error: ErrorSink | None = None) -> dict[str, int]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from otel_numa.cli.settings import Settings
+from otel_numa.daemon.agent import Agent
 from otel_numa.model import HugepagePool
 from otel_numa.options import MachinePart
 from otel_numa.snapshot.collectors.machine import ALL_MACHINE_PARTS, MachineCollector
@@ -153,11 +155,16 @@ def test_a_bad_file_keeps_its_last_good_value_and_costs_nothing_else(tmp_path: P
 
 
 def test_a_part_whose_values_are_the_same_is_the_same_object(tmp_path: Path) -> None:
-    """What lets the instruments reuse their observations: each per-node part of the machine is handed
-    back as the same object while its values are the same, and as a new one when a value changed."""
+    """What lets the instruments reuse their observations (otel_numa/snapshot/identity.py): each per-node
+    part of the machine is handed on as the same object while its values are the same, and as a new one
+    when a value changed."""
     sysfs_root, procfs_root = write_machine(tmp_path, TWO_NODES)
-    collector = MachineCollector(sysfs_root, procfs_root, SourceRegistry())
-    first, second = collector.collect(), collector.collect()
+    nothing = tmp_path / "nothing"
+    settings = Settings(
+        sysfs_root=sysfs_root, procfs_root=procfs_root, kubelet_root=nothing, cgroup_root=nothing
+    )
+    store = Agent(settings.to_options()).store
+    first, second = store.refresh().machine, store.refresh().machine
     assert first is not None and second is not None
     assert second.memory is first.memory and second.hugepages is first.hugepages
     assert second.numastat is first.numastat and second.cpu_time is first.cpu_time
@@ -165,10 +172,9 @@ def test_a_part_whose_values_are_the_same_is_the_same_object(tmp_path: Path) -> 
         sysfs_root / "devices/system/node/node1/meminfo",
         "Node 1 MemTotal: 4194304 kB\nNode 1 MemFree: 2097152 kB\n",
     )
-    third = collector.collect()
+    third = store.refresh().machine
     assert third is not None and third.memory is not second.memory
     assert third.memory[1].free_bytes == 2 << 30 and third.memory[0] == first.memory[0]
-    assert third.hugepages is first.hugepages and third.topology is first.topology
 
 
 def test_a_fresh_collector_without_good_data_reports_the_node_as_unknown(tmp_path: Path) -> None:
