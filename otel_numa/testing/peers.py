@@ -170,9 +170,13 @@ class ScrapeJob:
     targets: Sequence[str]
     # given: scrape over https with this tls_config (ca_file, cert_file, key_file, server_name, ...)
     tls_config: Mapping[str, str] | None = None
+    # keep the job/instance labels the target itself sets (a collector's Prometheus exporter)
+    honor_labels: bool = False
 
     def yaml(self) -> str:
         lines = [f"  - job_name: {self.name}"]
+        if self.honor_labels:
+            lines.append("    honor_labels: true")
         if self.tls_config is not None:
             lines += ["    scheme: https", "    tls_config:"]
             lines += [f"      {key}: {json.dumps(value)}" for key, value in self.tls_config.items()]
@@ -187,19 +191,28 @@ def run_prometheus(
     scrape_interval: str = "1s",
     tls_config: Mapping[str, str] | None = None,
     extra_jobs: Sequence[ScrapeJob] = (),
+    rule_files: Sequence[Path] = (),
+    name: str = "prometheus",
 ) -> Iterator[Prometheus]:
+    """Debian's prometheus scraping ``targets`` as job otel-numa (none: only ``extra_jobs``), evaluating
+    ``rule_files`` at the scrape interval; ``name`` keeps the files of two servers in one directory apart."""
     binary = require_binary("prometheus")
     port = free_port()
-    config = tmp_path / "prometheus.yml"
-    jobs = [ScrapeJob("otel-numa", targets, tls_config), *extra_jobs]
+    config = tmp_path / f"{name}.yml"
+    jobs = [ScrapeJob("otel-numa", targets, tls_config)] if targets else []
+    jobs += extra_jobs
+    rules = "".join(f"  - {json.dumps(str(path))}\n" for path in rule_files)
     config.write_text(
         "global:\n"
         f"  scrape_interval: {scrape_interval}\n"
         f"  scrape_timeout: {scrape_interval}\n"
-        "scrape_configs:\n" + "".join(job.yaml() for job in jobs)
+        f"  evaluation_interval: {scrape_interval}\n"
+        + (f"rule_files:\n{rules}" if rules else "")
+        + "scrape_configs:\n"
+        + "".join(job.yaml() for job in jobs)
     )
-    data = tmp_path / "prometheus-data"
-    log_path = tmp_path / "prometheus.log"
+    data = tmp_path / f"{name}-data"
+    log_path = tmp_path / f"{name}.log"
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             [

@@ -1113,7 +1113,7 @@ def test_dashboards_become_config_maps_for_the_grafana_sidecar(
     values = {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "NUMA"}}}
     objects = render(tool_env, tmp_path, values)
     maps = [o for o in objects if o["kind"] == "ConfigMap" and "grafana_dashboard" in o["metadata"]["labels"]]
-    dashboards = sorted((REPO / "config" / "grafana" / "dashboards").glob("*.json"))
+    dashboards = sorted((REPO / "config" / "grafana" / "dashboards").glob("*.json"), key=lambda p: p.stem)
     assert len(maps) == len(dashboards) >= 1
     for config_map, dashboard in zip(
         sorted(maps, key=lambda m: m["metadata"]["name"]), dashboards, strict=True
