@@ -6,8 +6,9 @@ and reuses it across calls; the channel is created on first use and again only w
 is replaced (the kubelet restarted), so a kubelet that comes and goes needs no new client.
 
 What an answer may cost is bounded: gRPC refuses one larger than ``max_message_bytes``
-(``resource_exhausted``), and :mod:`otel_numa.sources.podresources_answer` refuses one naming ids the
-machine does not have or past its caps. An answer is received as bytes and parsed only when they changed.
+(``resource_exhausted``), one of more than :data:`MAX_VALUES` values is refused before it is parsed, and
+:mod:`otel_numa.sources.podresources_answer` refuses one naming ids the machine does not have or past its
+caps (``out_of_range``, ``over_limit``). An answer is received as bytes and parsed only when they changed.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ from google.protobuf.message import DecodeError, Message
 from otel_numa.model import AllocatableResources, PodResources
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
-from otel_numa.sources.podresources_answer import AnswerReader, MachineLimits
+from otel_numa.sources.podresources_answer import OVER_LIMIT, AnswerReader, MachineLimits
+from otel_numa.sources.wire_values import TooManyValues, check_values
 
 # gRPC's own default is 4 MiB, the kubelet's own clients take 16 MiB; a node of 5,000 containers with
 # their devices answers ~2 MB, and receiving and parsing an answer costs about three times its size.
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# Values (fields, list elements) one answer may hold: parsed, each costs up to ~45 bytes (~11 MB in all);
+# a 5,000-container node's answer holds ~120,000. Counted from the bytes before they are parsed.
+MAX_VALUES = 250_000
 SERVICE = "/v1.PodResourcesLister/"
 
 _Response = TypeVar("_Response", bound=Message)
@@ -184,8 +189,11 @@ class PodResourcesClient:
             return kept
         what = f"{self._channel.socket_path} {method}"
         try:
+            check_values(data, response_type.DESCRIPTOR, MAX_VALUES)
             response = response_type.FromString(data)
-        except DecodeError as exc:
+        except TooManyValues as exc:
+            raise SourceCorrupt(f"{what}: {exc}; the answer is left out", error_type=OVER_LIMIT) from None
+        except (DecodeError, SourceCorrupt) as exc:
             raise SourceCorrupt(f"{what}: the answer does not parse", error_type="parse_error") from exc
         del data  # the bytes, as large as the answer, are not kept while it is read
         value = read(response, AnswerReader(limits, what))

@@ -26,8 +26,9 @@ from otel_numa.model import (
 from otel_numa.proto import podresources_v1_pb2 as pb
 from otel_numa.proto import podresources_v1_pb2_grpc as pb_grpc
 from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavailable
-from otel_numa.sources.podresources import DEFAULT_MAX_MESSAGE_BYTES, PodResourcesClient
+from otel_numa.sources.podresources import DEFAULT_MAX_MESSAGE_BYTES, MAX_VALUES, PodResourcesClient
 from otel_numa.sources.podresources_answer import MAX_ENTRIES, MachineLimits
+from otel_numa.sources.wire_values import TooManyValues, count_values
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 from tests.support import REPO
 
@@ -316,6 +317,30 @@ def test_an_answer_past_the_message_cap_is_refused_by_grpc(server: PodResourcesS
     with PodResourcesClient(server.socket_path) as client, pytest.raises(SourceUnavailable) as raised:
         client.allocatable()
     assert raised.value.error_type == "resource_exhausted"
+
+
+def test_an_answer_of_many_small_values_is_refused_before_it_is_parsed(server: PodResourcesServer) -> None:
+    """500,000 empty devices (3 MB, ~65 MB once parsed): counted from the bytes, refused unparsed."""
+    empty = pb.ContainerDevices(topology=pb.TopologyInfo(nodes=[pb.NUMANode()]))
+    server.state.allocatable = pb.AllocatableResourcesResponse(devices=[empty] * 500_000)
+    with PodResourcesClient(server.socket_path) as client, pytest.raises(SourceCorrupt) as raised:
+        client.allocatable()
+    assert raised.value.error_type == "over_limit"
+    assert str(raised.value).endswith(f"more than {MAX_VALUES} values; the answer is left out")
+
+
+def test_values_are_counted_as_the_wire_holds_them() -> None:
+    pods = _realistic_pods(10, 2)
+    data = pb.ListPodResourcesResponse(pod_resources=pods).SerializeToString()
+    # a pod: itself, name, namespace; a container: itself, name, cpu_ids (2, packed: at most 2 bytes
+    # counted, here 1 each), a device (itself, name, id, topology, node, ID), two memory blocks (each
+    # itself, type, size, topology, node, ID)
+    per_container = 3 + 2 + 6 + 2 * 6
+    assert count_values(data, pb.ListPodResourcesResponse.DESCRIPTOR, 10**6) <= 10 * (3 + 2 * per_container)
+    with pytest.raises(TooManyValues):
+        count_values(data, pb.ListPodResourcesResponse.DESCRIPTOR, 100)
+    with pytest.raises(SourceCorrupt):
+        count_values(data[:-3], pb.ListPodResourcesResponse.DESCRIPTOR, 10**6)
 
 
 MACHINE = MachineLimits(highest_cpu=31, numa_nodes=frozenset({0, 1}))

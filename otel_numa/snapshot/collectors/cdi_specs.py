@@ -115,7 +115,8 @@ class CdiSpecs:
         except SourceMissing:
             return None  # removed since it was listed
         except SourceError as error:
-            result = error
+            # remembered without its traceback, whose frames would hold the file and what was built of it
+            result = type(error)(str(error), error_type=error.error_type)
         if kept is not None and isinstance(kept[1], CdiSpec) and kept[1] == result:
             result = kept[1]  # read again but the same: the devices need not be merged again
         self._files[path] = (self._trusted(stamp, now), result)

@@ -36,6 +36,7 @@ from otel_numa.model import (
     Source,
     Topology,
 )
+from otel_numa.snapshot.container_limit import MAX_CONTAINERS, OVER_LIMIT
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.cgroups import (
@@ -53,12 +54,6 @@ log = logging.getLogger(__name__)
 # container id -> identity; any provider will do (container log links, the container runtime)
 NameLookup = Callable[[], Mapping[str, ContainerIdentity]]
 UsageReader = Callable[[ContainerCgroup, CgroupLayout], ContainerNumaUsage | None]
-
-# Containers read per round, far above a node's (the kubelet's default is 110 pods, its documented maximum
-# 250 pods per node by default, and a pod has a few containers). Past it the rest are left out and counted
-# once a round (``over_limit``), so a runaway node cannot push the agent past its memory limit.
-MAX_CONTAINERS = 2000
-OVER_LIMIT = "over_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +158,7 @@ class CgroupCollector:
             return
         usages: list[ContainerNumaUsage] = []
         failures: list[SourceError] = []
+        # past the limit the rest are left out and counted once a round (container_limit.py)
         if len(cgroups) > self._max_containers:
             failures.append(
                 SourceCorrupt(
