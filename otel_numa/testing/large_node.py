@@ -105,6 +105,23 @@ class LargeNodeSpec:
         return len(self.device_resources) * self.devices_per_resource
 
 
+def crowded(containers: int) -> LargeNodeSpec:
+    """A node of ``containers`` containers (4 a pod) whose every other pod is Guaranteed, each container of
+    those with an exclusive CPU, memory and hugepage blocks: past 2,000 containers more of them have records
+    of their own than the agent gives series to. 8 NUMA nodes x 320 CPUs, so that every one of them gets a
+    CPU; the chart's sizing is measured on it (benchmarks/bench_containers.py)."""
+    return LargeNodeSpec(
+        numa_nodes=8,
+        cpus_per_node=320,
+        mem_per_node_kib=256 << 20,
+        hugepage_sizes_kib=(2048, 1048576),
+        pods=containers // 4,
+        containers_per_pod=4,
+        container_memory_bytes=64 * MIB,
+        exclusive_pod_every=2,
+    )
+
+
 def machine_only(numa_nodes: int, cpus_per_node: int) -> LargeNodeSpec:
     """A machine with an empty kubelet: no checkpoints, pods, devices or cgroups (e.g. 8 x 48 CPUs)."""
     return LargeNodeSpec(

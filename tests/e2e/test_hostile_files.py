@@ -15,7 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,8 +126,14 @@ def node(tmp_path: Path) -> LargeNode:
 
 @contextmanager
 def serving(
-    node: LargeNode, tmp_path: Path, *, interval: str = "1", env: dict[str, str] | None = None
+    node: LargeNode,
+    tmp_path: Path,
+    *,
+    interval: str = "1",
+    env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[Serving]:
+    """The agent on ``node`` with both readers; ``extra_args`` come last (a repeated flag's last wins)."""
     with run_rotel(tmp_path) as rotel:
         args = [
             *node.cli_args(),
@@ -139,6 +145,7 @@ def serving(
             f"http://127.0.0.1:{rotel.http_port}",
             "--interval",
             interval,
+            *extra_args,
         ]
         with run_agent(args, tmp_path, env=env) as agent:
             started = Serving(node, agent, rotel)
