@@ -17,11 +17,13 @@ describes four pods on it, so allocation, capacity and usage agree whatever host
   SR-IOV VF, which sits on NUMA 1: exclusive CPUs on one node and the NIC on another, the misalignment to find
 
 The checkpoints carry checksums the kubelet itself would accept. Files are world-readable, because the image
-runs as a non-root user.
+runs as a non-root user. podresources.json is the kubelet's podresources answer for these pods (List and
+GetAllocatableResources, protobuf JSON), which the stack's podresources test server gives the agent.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -30,6 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from google.protobuf import json_format  # noqa: E402
+
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState  # noqa: E402
 from otel_numa.testing.cgroup_tree import FakeContainer, FakePod, write_cgroup_tree  # noqa: E402
 from otel_numa.testing.checkpoints import (  # noqa: E402
@@ -37,6 +41,7 @@ from otel_numa.testing.checkpoints import (  # noqa: E402
     write_device_checkpoint,
     write_memory_manager_state,
 )
+from otel_numa.testing.demo import demo_podresources_state  # noqa: E402
 from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine  # noqa: E402
 
 GIB = 1024**3
@@ -275,6 +280,17 @@ def write_cgroups(root: Path) -> None:
 TREES = ("sysfs", "procfs", "kubelet", "pod-logs", "container-logs", "cgroup")
 
 
+def write_podresources(path: Path) -> None:
+    """The podresources answer, as otel_numa.testing.podresources_server --state reads it."""
+    state = demo_podresources_state()
+    document = {
+        "pods": [json_format.MessageToDict(pod) for pod in state.pods],
+        "allocatable": json_format.MessageToDict(state.allocatable),
+    }
+    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    path.chmod(0o644)
+
+
 def main(dest: Path) -> None:
     for name in TREES:
         shutil.rmtree(dest / name, ignore_errors=True)
@@ -282,6 +298,7 @@ def main(dest: Path) -> None:
     write_kubelet(dest / "kubelet")
     write_logs(dest / "pod-logs", dest / "container-logs")
     write_cgroups(dest / "cgroup")
+    write_podresources(dest / "podresources.json")
     (dest / "kubelet" / "README.md").write_text(
         "Demo kubelet state written by ../generate.py; see ../README.md.\n"
     )

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Tools for the container image test (tests/deploy/test_image.py): Debian's podman with runc, debootstrap,
-# qemu-user-static, and Python base images (native, and arm64 under emulation) made locally with
-# debootstrap, as no registry is reachable here. The test's podman state lives apart from the machine's
+# Tools for the container image test (tests/deploy/test_image.py) and for scripts/stack.sh where no registry
+# answers: Debian's podman with runc, debootstrap, and Python base images (native, and arm64 under emulation
+# with qemu-user-static) made locally with debootstrap. This podman state lives apart from the machine's
 # own, in $PODMAN_HOME, with its own configuration files:
 #   $PODMAN_HOME/containers.conf, $PODMAN_HOME/storage.conf  (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF)
 # The base images are kept there between runs, so a repeat run costs only the image build.
+# OTEL_NUMA_PODMAN_HOME and OTEL_NUMA_PODMAN_RUN move that state (the stack's fresh-machine test does).
 set -euo pipefail
 
-PODMAN_HOME=/var/lib/otel-numa-podman
-PODMAN_RUN=/run/otel-numa-podman
+PODMAN_HOME="${OTEL_NUMA_PODMAN_HOME:-/var/lib/otel-numa-podman}"
+PODMAN_RUN="${OTEL_NUMA_PODMAN_RUN:-/run/otel-numa-podman}"
 # Bump the tag when the recipe below changes: an image with the current tag is never rebuilt.
 BASE_IMAGE=localhost/otel-numa-base:bookworm-1
 BASE_IMAGE_ARM64=localhost/otel-numa-base:bookworm-1-arm64
@@ -19,7 +20,17 @@ DEBIAN_MIRROR=http://deb.debian.org/debian
 # its name resolution.
 wanted=()
 packages=(podman runc debootstrap netavark aardvark-dns iptables)
-[ "$(dpkg --print-architecture)" = amd64 ] && packages+=(qemu-user-static)
+# The emulator only where an arm64 base is wanted: asked for, or kept from an earlier run (see below).
+want_arm64=0
+if [ "$(dpkg --print-architecture)" = amd64 ]; then
+    if [ "${OTEL_NUMA_TEST_ARM64:-0}" = 1 ]; then
+        want_arm64=1
+    elif [ -f "$PODMAN_HOME/storage.conf" ] && command -v podman >/dev/null \
+        && CONTAINERS_STORAGE_CONF="$PODMAN_HOME/storage.conf" podman image exists "$BASE_IMAGE_ARM64" 2>/dev/null; then
+        want_arm64=1
+    fi
+fi
+[ $want_arm64 = 1 ] && packages+=(qemu-user-static)
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || wanted+=("$package")
 done
@@ -92,8 +103,7 @@ make_base "$(dpkg --print-architecture)" "$BASE_IMAGE"
 # works inside containers). Where the kernel does not allow it the image test says so and skips that part.
 # Making the emulated base takes about 8 minutes, once: it is made when OTEL_NUMA_TEST_ARM64=1 (or kept
 # from an earlier run), so that a first run on a new machine stays quick.
-if [ "$(dpkg --print-architecture)" = amd64 ] && { [ "${OTEL_NUMA_TEST_ARM64:-0}" = 1 ] \
-    || podman image exists "$BASE_IMAGE_ARM64" 2>/dev/null; }; then
+if [ $want_arm64 = 1 ]; then
     binfmt=/proc/sys/fs/binfmt_misc
     mountpoint -q "$binfmt" || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
     if [ -w "$binfmt/register" ] && [ ! -e "$binfmt/qemu-aarch64" ]; then

@@ -365,8 +365,8 @@ def test_memory_alert_divides_by_the_kustomize_limit() -> None:
 
 
 def test_readme_alert_examples_are_the_shipped_rules() -> None:
-    """An alert the README shows as YAML is the shipped rule (name, expression, for, labels, summary), and
-    its table names every shipped alert with its for."""
+    """An alert the README shows as YAML (if any) is the shipped rule (name, expression, for, labels,
+    summary), and its table names every shipped alert with its for."""
     readme = (REPO / "README.md").read_text()
     shipped = {rule["alert"]: rule for rule in ALERTS}
     examples = [
@@ -375,7 +375,6 @@ def test_readme_alert_examples_are_the_shipped_rules() -> None:
         if "- alert:" in block
         for rule in yaml.safe_load(block)
     ]
-    assert examples, "the README shows no alert"
     for example in examples:
         rule = shipped.get(example["alert"])
         assert rule is not None, f"README shows {example['alert']}, which is not shipped"

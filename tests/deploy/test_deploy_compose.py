@@ -27,13 +27,16 @@ from otel_numa.cli.main import load_settings
 from otel_numa.cli.settings import Settings
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.testing.compose import interpolate
+from otel_numa.testing.demo import demo_podresources_state
 from otel_numa.testing.kubelet_scenario import labels, series
+from otel_numa.testing.podresources_server import PodResourcesServer, load_state, short_socket_dir
 from tests.support import FIXTURES, REPO
 
 COMPOSE = REPO / "docker-compose.yaml"
 COMPOSE_SCHEMA = FIXTURES / "schemas" / "compose-spec.json"
 COLLECTOR_CONFIG = REPO / "config" / "otel-collector.yaml"
-PROMETHEUS_CONFIG = REPO / "config" / "prometheus.yaml"
+PROMETHEUS_CONFIG = REPO / "config" / "prometheus" / "prometheus.yaml"
+DEMO_PODRESOURCES = REPO / "config" / "demo" / "podresources.json"
 GRAFANA = REPO / "config" / "grafana"
 AGENT_EXAMPLE = REPO / "config" / "agent.example.yaml"
 
@@ -180,8 +183,8 @@ def test_schema_check_rejects_a_broken_compose_file(compose: dict[str, Any]) -> 
         jsonschema.Draft7Validator(schema).validate(broken)
 
 
-def test_compose_has_the_four_services(services: dict[str, Any]) -> None:
-    assert set(services) == {"agent", "otel-collector", "prometheus", "grafana"}
+def test_compose_has_the_five_services(services: dict[str, Any]) -> None:
+    assert set(services) == {"agent", "podresources", "otel-collector", "prometheus", "grafana"}
 
 
 def test_images_are_pinned_to_a_version(services: dict[str, Any]) -> None:
@@ -220,7 +223,6 @@ def test_agent_reads_the_host_and_the_demo_kubelet_read_only(services: dict[str,
     assert flags["pod-logs-root"] == mount_target(agent, "./config/demo/pod-logs")
     assert flags["container-logs-root"] == mount_target(agent, "./config/demo/container-logs")
     assert flags["cgroup-root"] == mount_target(agent, "./config/demo/cgroup")
-    assert flags["podresources-socket"] == "none", "there is no kubelet to answer pod-resources in the demo"
     assert agent.get("read_only") is True
     assert agent.get("cap_drop") == ["ALL"]
 
@@ -236,7 +238,7 @@ def test_agent_accepts_its_compose_command(services: dict[str, Any], monkeypatch
     assert not once
     assert settings.sysfs_root == Path("/demo/sysfs")
     assert settings.kubelet_root == Path("/demo/kubelet")
-    assert settings.podresources_socket_path is None
+    assert settings.podresources_socket_path == Path("/run/podresources/kubelet.sock")
     assert settings.exporters == ("prometheus", "otlp")
     assert settings.otlp_url == "http://otel-collector:4317"
     assert settings.node_name == "demo-node"
@@ -263,17 +265,30 @@ def test_agent_health_port_matches_the_image_healthcheck(services: dict[str, Any
 
 
 def test_demo_node_is_coherent(services: dict[str, Any]) -> None:
-    """The agent on the demo node as compose runs it: every allocation lies on the demo's own NUMA nodes."""
+    """The agent on the demo node as compose runs it, with the podresources test server answering from the
+    same file: every allocation lies on the demo's own NUMA nodes, and allocatable CPUs and device capacity
+    (which only podresources gives) are there."""
     agent = services["agent"]
     targets = {m["target"]: str(REPO / m["source"]) for m in bind_mounts(agent)}
     command = [interpolate(word) for word in agent["command"]]
     for target, source in targets.items():
         command = [word.replace(f"={target}", f"={source}") for word in command]
+    socket_dir = short_socket_dir()
+    command = [
+        f"--podresources-socket={socket_dir / 'kubelet.sock'}"
+        if word.startswith("--podresources-socket=")
+        else word
+        for word in command
+    ]
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_NUMA_", "OTEL_EXPORTER_"))}
-    completed = subprocess.run(
-        [sys.executable, "-m", "otel_numa", *command, "--exporter=prometheus", "--once"],
-        capture_output=True, text=True, timeout=60, env=environment,
-    )  # fmt: skip
+    try:
+        with PodResourcesServer(socket_dir / "kubelet.sock", load_state(DEMO_PODRESOURCES)):
+            completed = subprocess.run(
+                [sys.executable, "-m", "otel_numa", *command, "--exporter=prometheus", "--once"],
+                capture_output=True, text=True, timeout=60, env=environment,
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
     assert completed.returncode == 0, completed.stderr
     text = completed.stdout
     capacity = series(text, "numa_cpu_capacity")
@@ -294,6 +309,36 @@ def test_demo_node_is_coherent(services: dict[str, Any]) -> None:
     assert sum(series(text, "numa_container_memory_allocated_bytes").values()) == sum(memory.values())
     errors = {key: value for key, value in series(text, "numa_agent_source_errors_total").items() if value}
     assert errors == {}, completed.stderr
+    # podresources' allocatable CPUs 2-15, and its devices per NUMA node
+    assert series(text, "numa_cpu_allocatable") == {
+        labels(numa_node_id=n): 4 - (n == 0) * 2 for n in range(4)
+    }
+    assert sum(series(text, "numa_device_capacity").values()) == 6
+
+
+def test_the_podresources_answer_is_the_demo_state() -> None:
+    """config/demo/podresources.json is what generate.py writes: the demo's pods as the kubelet lists them."""
+    state = load_state(DEMO_PODRESOURCES)
+    expected = demo_podresources_state()
+    assert list(state.pods) == list(expected.pods)
+    assert state.allocatable == expected.allocatable
+
+
+def test_podresources_server_and_agent_share_the_socket(services: dict[str, Any]) -> None:
+    flags = agent_flags(services["agent"])
+    server = services["podresources"]
+    assert f"--socket={flags['podresources-socket']}" in server["command"]
+    socket_dir = str(Path(flags["podresources-socket"]).parent)
+    shared = {
+        name: {
+            v["source"]: v for v in service["volumes"] if v["type"] == "volume" and v["target"] == socket_dir
+        }
+        for name, service in (("agent", services["agent"]), ("podresources", server))
+    }
+    assert set(shared["agent"]) == set(shared["podresources"]) == {"podresources"}
+    assert shared["agent"]["podresources"]["read_only"] is True
+    assert mount_target(server, "./config/demo/podresources.json") in " ".join(server["command"])
+    assert server["image"] == services["agent"]["image"]
 
 
 # ---------------------------------------------------------------- collector
@@ -389,10 +434,13 @@ def test_prometheus_scrapes_the_agent_and_the_collector(
     )
 
 
-def test_prometheus_reads_the_mounted_config(services: dict[str, Any]) -> None:
+def test_prometheus_reads_the_mounted_config_and_the_rules(services: dict[str, Any]) -> None:
     service = services["prometheus"]
-    target = mount_target(service, "./config/prometheus.yaml")
-    assert f"--config.file={target}" in service["command"]
+    target = mount_target(service, "./config/prometheus")
+    assert f"--config.file={target}/{PROMETHEUS_CONFIG.name}" in service["command"]
+    rules = load_yaml(PROMETHEUS_CONFIG)["rule_files"]
+    assert rules == ["otel-numa.rules.yaml"]
+    assert (PROMETHEUS_CONFIG.parent / rules[0]).is_file(), "relative to the configuration, as mounted"
 
 
 # ---------------------------------------------------------------- grafana

@@ -213,19 +213,27 @@ COMPOSE_KEYS |= {"depends_on", "restart"}
 
 
 def compose_run_flags() -> tuple[list[str], list[str]]:
-    """podman flags for the compose file's agent service (without its ports) and the agent's arguments."""
+    """podman flags for the compose file's agent service (without its ports) and the agent's arguments. The
+    podresources socket's volume is left out, and with it the podresources client: no server runs here."""
     service = compose_document()["services"]["agent"]
     assert set(service) <= COMPOSE_KEYS, f"translate {set(service) - COMPOSE_KEYS} into podman flags here"
     flags = ["--read-only"] if service.get("read_only") else []
     flags += [f"--cap-drop={capability}" for capability in service.get("cap_drop", [])]
     flags += [f"--security-opt={option}" for option in service.get("security_opt", [])]
     for volume in service.get("volumes", []):
+        if volume["type"] == "volume":
+            assert volume["source"] == "podresources", volume
+            continue
         assert volume["type"] == "bind", volume
         source = str(volume["source"])
         host = REPO / source if source.startswith(".") else Path(source)
         mode = "ro" if volume.get("read_only") else "rw"
         flags.append(f"--volume={host}:{volume['target']}:{mode}")
-    return flags, [interpolate(str(word)) for word in service["command"]]
+    command = [interpolate(str(word)) for word in service["command"]]
+    return flags, [
+        "--podresources-socket=none" if word.startswith("--podresources-socket=") else word
+        for word in command
+    ]
 
 
 def test_once_with_the_compose_settings(podman: Podman, image: BuiltImage) -> None:
