@@ -3,11 +3,12 @@
 # commands that deploy it with the Helm chart (docs/kubernetes.md): the namespace labelled for the agent's
 # hostPath volumes (Pod Security "privileged"), then `helm install`.
 #
-#   bash scripts/build-image.sh [--tag NAME:TAG] [--push] [--engine docker|podman] [--base IMAGE]
+#   bash scripts/build-image.sh [--tag NAME:TAG] [--push] [--engine docker|podman] [--base IMAGE] [--no-deploy]
 #
 #   --tag NAME:TAG   default otel-numa:dev; name your registry to deploy it (registry.example/otel-numa:0.1.0)
 #   --push           push the tag after the build (the nodes pull it from there)
 #   --engine         default: docker when a Docker engine answers, else podman (OTEL_NUMA_ENGINE)
+#   --no-deploy      leave out the deploy steps (scripts/stack.sh runs the image here)
 #   --base IMAGE     the Python base image (OTEL_NUMA_BASE_IMAGE); default: the Dockerfile's
 #                    python:3.11 slim image; where no registry answers, podman uses the Debian base that
 #                    scripts/setup.d/podman.sh makes (copied into podman's default store)
@@ -21,12 +22,14 @@ source scripts/lib/engine.sh
 
 tag=otel-numa:dev
 push=0
+deploy=1
 base="${OTEL_NUMA_BASE_IMAGE:-}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --tag) tag="$2"; shift 2 ;;
         --tag=*) tag="${1#*=}"; shift ;;
         --push) push=1; shift ;;
+        --no-deploy) deploy=0; shift ;;
         --engine) OTEL_NUMA_ENGINE="$2"; shift 2 ;;
         --engine=*) OTEL_NUMA_ENGINE="${1#*=}"; shift ;;
         --base) base="$2"; shift 2 ;;
@@ -59,6 +62,7 @@ if [ $push -eq 1 ]; then
     "$engine" push "$tag" >&2
 fi
 
+[ $deploy = 1 ] || exit 0
 repository="${tag%:*}"
 image_tag="${tag##*:}"
 if [ "$repository" = "$tag" ]; then image_tag=latest; fi

@@ -128,7 +128,7 @@ up() {
     local dangling_before
     dangling_before="$(dangling_images)"
     say "building the agent's image $AGENT_IMAGE (scripts/build-image.sh)"
-    bash scripts/build-image.sh --engine "$ENGINE" --tag "$AGENT_IMAGE" >/dev/null
+    bash scripts/build-image.sh --engine "$ENGINE" --tag "$AGENT_IMAGE" --no-deploy
     record_image default "$AGENT_IMAGE"
 
     local started=(podresources agent) skipped=() service image why fallback=""
