@@ -71,10 +71,11 @@ def load_yaml(data: bytes, max_nodes: int, what: str) -> Any:
 
 def _first_line(exc: BaseException) -> str:
     """The parser's message without the lines that quote the file (a link may lead anywhere)."""
-    if hasattr(exc, "problem") and getattr(exc, "problem", None):
+    problem = getattr(exc, "problem", None)  # a YAML error's own words, without the quoted snippet
+    if problem:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return f"{exc.problem}{where}"
+        return f"{problem}{where}"
     return str(exc).split("\n", 1)[0]
 
 
