@@ -443,7 +443,7 @@ def test_the_console_and_otlp_http_exporters_give_the_same_data_on_both_paths(
     agent = Agent(
         Settings(
             **node.settings_values(),  # type: ignore[arg-type]
-            disable="health",
+            disable="health",  # type: ignore[arg-type]
             otlp_protocol="http/protobuf",
         ).to_options()
     )

@@ -384,7 +384,7 @@ def test_meminfo_is_what_a_line_by_line_reading_says(lines: list[str], end: str)
 
 
 def test_meminfo_bad_lines_are_counted_and_the_good_ones_kept() -> None:
-    errors: list[SourceCorrupt] = []
+    errors: list[SourceError] = []
     text = "\nMemTotal:  4 kB\nMemFree: x kB\nHugePages_Total:  3\nbroken line\nMemUsed: 2 MB\n"
     assert procfs.parse_meminfo(text, errors.append) == {"MemTotal": 4096, "HugePages_Total": 3}
     assert [str(error) for error in errors] == ["a bad meminfo line (and 2 more)"]
