@@ -14,18 +14,30 @@ from otel_numa.testing.podresources_server import PodResourcesServer, short_sock
 KINDS = ("unit", "agent", "e2e", "deploy")
 
 
+# Modules whose tests share one container engine's store (images built once, the stack's containers): under
+# parallel workers (`-n`, `--dist loadgroup`) they all run on one worker, one after the other.
+ONE_ENGINE = frozenset({"test_image.py", "test_deploy_stack.py"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test carries its folder's kind as a marker: `pytest -m unit`, `-m "not e2e and not deploy"`."""
     for item in items:
         kind = item.path.parent.name
         if kind in KINDS:
             item.add_marker(kind)
+        if item.path.name in ONE_ENGINE:
+            item.add_marker(pytest.mark.xdist_group("container-engine"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The fault sweep's counts, shown in every run's output (not only with ``-rA``)."""
-    for line in config.stash.get(SWEEP_SUMMARY, []):
-        terminalreporter.write_line(line)
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for name, value in getattr(report, "user_properties", ()):
+                if name == SWEEP_SUMMARY:
+                    terminalreporter.write_line(str(value))
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_numa.cli.main import main
@@ -36,8 +35,9 @@ GARBAGE = b"?\xff garbage -1 x\n"
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 Exposition = dict[SeriesKey, float]
 
-# What the sweep ran, for the terminal summary (tests/conftest.py prints it).
-SWEEP_SUMMARY = pytest.StashKey[list[str]]()
+# The name of the test report property that says what the sweep ran (tests/conftest.py prints it in the
+# terminal summary; a report's properties reach the summary from parallel workers too).
+SWEEP_SUMMARY = "fault sweep"
 
 
 def truncate(data: bytes) -> bytes:

@@ -353,9 +353,9 @@ def test_fault_sweep(trees: list[Tree], quiet_logging: None, request: pytest.Fix
                 found = problems(cost, variant, *changed(clean_text, text))
                 failures += [f"{where}: {problem}" for problem in found]
                 counted += cost.read and variant != "missing"
-    summary = request.config.stash.setdefault(SWEEP_SUMMARY, [])
-    summary.append(
+    summary = (
         f"fault sweep: {variants} variants over {len(trees)} trees "
         f"({sum(len(tree.files) for tree in trees)} files), {counted} of them counted as errors"
     )
+    request.node.user_properties.append((SWEEP_SUMMARY, summary))
     assert not failures, f"{len(failures)} problems, first ones:\n" + "\n".join(failures[:40])
