@@ -31,9 +31,9 @@ from otel_numa.sources.errors import SourceCorrupt, SourceMissing, SourceUnavail
 from otel_numa.sources.podresources_answer import OVER_LIMIT, AnswerReader, MachineLimits
 from otel_numa.sources.wire_values import TooManyValues, check_values
 
-# gRPC's own default is 4 MiB, the kubelet's own clients take 16 MiB; a node of 5,000 containers with
-# their devices answers ~2 MB, and receiving and parsing an answer costs about three times its size.
-DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# gRPC's own default (the kubelet's own clients take 16 MiB): a node of 5,000 containers with a device and
+# two memory blocks each answers ~0.7 MB, and receiving an answer costs about three times its size.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Values (fields, list elements) one answer may hold: parsed, each costs up to ~45 bytes (~11 MB in all);
 # a 5,000-container node's answer holds ~120,000. Counted from the bytes before they are parsed.
 MAX_VALUES = 250_000

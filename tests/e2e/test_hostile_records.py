@@ -188,10 +188,24 @@ def node_answer(node: LargeNode, tmp_path: Path) -> PodResourcesServer:
     return PodResourcesServer(state=load_state(state_file))
 
 
+def many_devices(count: int, numa_nodes: int) -> pb.AllocatableResourcesResponse:
+    return pb.AllocatableResourcesResponse(
+        devices=[
+            pb.ContainerDevices(
+                resource_name="example.com/many",
+                device_ids=[f"d{index}"],
+                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=index % numa_nodes)]),
+            )
+            for index in range(count)
+        ]
+    )
+
+
 def test_podresources_answers_beyond_the_machine_are_refused(node: LargeNode, tmp_path: Path) -> None:
-    """Allocatable CPUs 0..3,999,999 (a 13.9 MB answer: it held 301 MB), 200,000 allocatable devices on
-    NUMA nodes 0..199,999 (they made 100,001 series) and a CPU the 32-CPU machine lacks: each refused whole
-    (``resource_exhausted``, ``over_limit``, ``out_of_range``), the last good answer served meanwhile."""
+    """Allocatable CPUs 0..3,999,999 (13.9 MB: it held 301 MB) and 200,000 devices on NUMA nodes
+    0..199,999 (7.3 MB: they made 100,001 series) are not received (``resource_exhausted``); 100,000 devices
+    (2.9 MB) are refused unparsed (``over_limit``); a CPU or NUMA nodes the 2-node, 32-CPU machine lacks
+    refuse their answer (``out_of_range``). Each time the last good answer is served meanwhile."""
     with (
         node_answer(node, tmp_path) as server,
         serving(node, tmp_path, extra_args=["--podresources-socket", str(server.socket_path)]) as agent,
@@ -199,25 +213,23 @@ def test_podresources_answers_beyond_the_machine_are_refused(node: LargeNode, tm
         wait_for(lambda: series(agent.scrape(), "numa_device_capacity"), 20, "the allocatable devices")
         capacity = series(agent.scrape(), "numa_device_capacity")
         good = server.state.allocatable
-        attacks = {
-            "resource_exhausted": pb.AllocatableResourcesResponse(cpu_ids=range(4_000_000)),
-            "over_limit": pb.AllocatableResourcesResponse(
-                devices=[
-                    pb.ContainerDevices(
-                        resource_name="example.com/many",
-                        device_ids=[f"d{index}"],
-                        topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=index)]),
-                    )
-                    for index in range(200_000)
-                ]
-            ),
-            "out_of_range": pb.AllocatableResourcesResponse(cpu_ids=[*good.cpu_ids, SPEC.cpus + 8]),
-        }
-        for error_type, answer in attacks.items():
+        attacks = [
+            ("resource_exhausted", pb.AllocatableResourcesResponse(cpu_ids=range(4_000_000))),
+            ("resource_exhausted", many_devices(200_000, 200_000)),
+            ("over_limit", many_devices(100_000, SPEC.numa_nodes)),
+            ("out_of_range", pb.AllocatableResourcesResponse(cpu_ids=[*good.cpu_ids, SPEC.cpus + 8])),
+            ("out_of_range", many_devices(10, 10)),
+        ]
+        for error_type, answer in attacks:
+            seen = agent.errors("podresources").get(error_type, 0)
             server.state.allocatable = answer
-            agent.wait_counted("podresources", error_type)
+            wait_for(
+                lambda: agent.errors("podresources").get(error_type, 0) > seen,  # noqa: B023 (waited for here)
+                20,
+                f"an answer refused as {error_type}",
+            )
             assert series(agent.scrape(), "numa_device_capacity") == capacity, "the last good answer"
-            agent.still_serving()
+        agent.still_serving()
         agent.stop()
     assert "a CPU the machine does not have; the answer is left out" in agent.agent.log()
 
