@@ -167,8 +167,8 @@ class CgroupCollector:
                 )
             )
             # the first by pod UID, as the records' series keep theirs: the same pods have both
-            cgroups = sorted(cgroups, key=lambda cgroup: (cgroup.pod_uid, cgroup.container_id))
-            cgroups = cgroups[: self._max_containers]
+            by_pod = sorted(cgroups, key=lambda cgroup: (cgroup.pod_uid, cgroup.container_id))
+            cgroups = tuple(by_pod[: self._max_containers])
         read = self._reader or self._bounded_reader()
         for cgroup in cgroups:
             try:
