@@ -66,15 +66,20 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
     heap = HeapPolicy()
 
     class Serializing:
-        """Stands in for the gRPC exporter's stub: the request serialized as gRPC would send it, not sent."""
+        """Stands in for the gRPC exporter's channel: each call's request serialized by the stub's serializer,
+        as gRPC would send it, and not sent."""
 
-        def Export(self, request: Any, metadata: Any = None, timeout: Any = None) -> None:
-            request.SerializeToString()
+        def unary_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+            def call(request: Any, **call_kwargs: Any) -> None:
+                request_serializer(request)
+
+            return call
 
     def encoding() -> MetricExporter:
         # the agent's own OTLP exporter (gRPC, as bench_cost pushes), with its translation and its patch
         exporter = OTLPMetricExporter(endpoint="http://127.0.0.1:1", insecure=True)
-        exporter._client = Serializing()  # type: ignore[assignment]
+        exporter._channel = Serializing()  # type: ignore[assignment]
+        exporter._client = exporter._stub(exporter._channel)
         return exporter
 
     node = large_node_at(root, TREES[tree][1])

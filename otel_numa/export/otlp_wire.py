@@ -99,6 +99,49 @@ def write_points(encoded: bytearray, places: array[int], points: Sequence[Number
     return True
 
 
+def write_numbers(
+    encoded: bytearray,
+    places: array[int],
+    first: int,
+    starts: Sequence[int | None],
+    time: int,
+    values: Sequence[int | float],
+) -> bool:
+    """:func:`write_points` for the points ``first``, ``first + 1``, ... of the request, given as their start
+    times, their one time and their values (no point objects); False where it would be."""
+    if 3 * (first + len(values)) > len(places) or len(starts) != len(values):
+        return False
+    try:
+        offsets = iter(places[3 * first : 3 * (first + len(values))])
+        for start_time, number, start, time_place, value in zip(
+            starts, values, offsets, offsets, offsets, strict=True
+        ):
+            if start_time:
+                if start == ABSENT:
+                    return False
+                _pack_time(encoded, start, start_time)
+            elif start != ABSENT:
+                return False
+            _pack_time(encoded, time_place, time)
+            if isinstance(number, int):
+                _pack_int(encoded, value, _INT_TAG, number)
+            else:
+                _pack_double(encoded, value, _DOUBLE_TAG, number)
+    except struct.error:
+        return False
+    return True
+
+
+def write_times(encoded: bytearray, places: array[int], first: int, count: int, time: int) -> bool:
+    """Only the time of the points ``first`` to ``first + count - 1``: their start times and values are
+    those written already."""
+    if 3 * (first + count) > len(places):
+        return False
+    for place in places[3 * first + 1 : 3 * (first + count) : 3]:
+        _pack_time(encoded, place, time)
+    return True
+
+
 def _number_points(request: bytes) -> Iterator[tuple[int, int]]:
     """(start, end) of every NumberDataPoint of a gauge or a sum, in order."""
     for resource in _embedded(request, 0, len(request), _RESOURCE_METRICS):

@@ -20,7 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.types import Attributes
 
-from otel_numa.export.otlp_wire import ABSENT, number_point_places, write_points
+from otel_numa.export.otlp_wire import ABSENT, number_point_places, write_numbers, write_points, write_times
 
 NO_START: Any = None  # a gauge's points carry no start time
 
@@ -59,6 +59,26 @@ def test_new_numbers_written_in_place_are_the_encoders_request() -> None:
     encoded = bytearray(before)
     assert write_points(encoded, places, points_of(after))
     assert bytes(encoded) == encode_metrics(after).SerializeToString()
+
+
+def test_numbers_without_points_are_the_encoders_request() -> None:
+    """Points given as their start times, one time and values; or their time alone, their start times and
+    values being those written already."""
+    before = encode_metrics(request([1, 2.5, 3])).SerializeToString()
+    places = number_point_places(before)
+    assert places is not None
+    encoded = bytearray(before)
+    assert write_numbers(encoded, places, 0, (11, 11, 11), 13, (7.25, -4, 2**40))
+    assert write_numbers(encoded, places, 3, (None, None, None), 13, (7.25, -4, 2**40))
+    assert bytes(encoded) == encode_metrics(request([7.25, -4, 2**40], start=11, time=13)).SerializeToString()
+    encoded = bytearray(before)
+    assert write_times(encoded, places, 0, 6, 13)
+    assert bytes(encoded) == encode_metrics(request([1, 2.5, 3], time=13)).SerializeToString()
+    # beyond the request's points, a start time where the gauge has none, a number beyond sfixed64
+    assert not write_numbers(bytearray(before), places, 4, (None, None, None), 1, (1, 2, 3))
+    assert not write_times(bytearray(before), places, 4, 3, 1)
+    assert not write_numbers(bytearray(before), places, 3, (5, 5, 5), 1, (1, 2, 3))
+    assert not write_numbers(bytearray(before), places, 0, (5,), 1, (2**63,))
 
 
 def test_what_cannot_be_written_in_place_is_refused() -> None:

@@ -13,14 +13,15 @@ class PointList(Sequence[Any]):
     attribute mappings and of their values that ``repeated_points`` keeps between collections: the page's
     translations (``reused_translations``) and the kept OTLP request (``reused_requests``) take those
     instead of making tuples of their own, and find the same series by one identity check (the same
-    tuple while the instrument's series are the same).
+    tuple while the instrument's series are the same). Repeated points also carry their start times and
+    their one time (``starts``, ``time``; else ``None``): a push writes those numbers without the points.
 
     Repeated points are made only when something reads them: a scrape whose series are the same needs
     the two tuples only, so it makes no point objects at all; a push makes them on first use, and a
     translation that starts afresh, which reads a first slice of them, makes only that slice (all of
     them at once would be the largest thing a first scrape holds). Equal to a list of the same points."""
 
-    __slots__ = ("_make", "_points", "attributes", "values")
+    __slots__ = ("_make", "_points", "attributes", "starts", "time", "values")
 
     def __init__(
         self,
@@ -28,19 +29,28 @@ class PointList(Sequence[Any]):
         attributes: tuple[Any, ...],
         values: tuple[Any, ...],
         make: Callable[[slice], list[Any]] | None = None,
+        starts: tuple[int | None, ...] | None = None,
+        time: int | None = None,
     ) -> None:
         self._points = points
         self._make = make  # makes the points of a slice of the series while ``points`` is None
         self.attributes = attributes
         self.values = values
+        self.starts = starts  # each point's start time, when every point has this list's one ``time``
+        self.time = time
 
     @classmethod
     def made_later(
-        cls, make: Callable[[slice], list[Any]], attributes: tuple[Any, ...], values: tuple[Any, ...]
+        cls,
+        make: Callable[[slice], list[Any]],
+        attributes: tuple[Any, ...],
+        values: tuple[Any, ...],
+        starts: tuple[int | None, ...] | None = None,
+        time: int | None = None,
     ) -> PointList:
         """Points that ``make`` makes when read, one per attribute mapping (``make(part)``: those of the
-        series in the slice ``part``)."""
-        return cls(None, attributes, values, make)
+        series in the slice ``part``), with ``starts`` and ``time`` when known."""
+        return cls(None, attributes, values, make, starts, time)
 
     def _made(self) -> list[Any]:
         points = self._points

@@ -59,7 +59,7 @@ class _Collected:
                 for series, start, value in zip(attributes[part], starts[part], values[part], strict=True)
             ]
 
-        return PointList.made_later(make, attributes, values)
+        return PointList.made_later(make, attributes, values, starts, time)
 
 
 class _Unchanged:
@@ -213,7 +213,7 @@ class _RepeatedPoints:
                 tuple([point.value for point in points]),
             )
             unchanged.last[instrument] = collected
-            return PointList(points, attributes, collected.values)
+            return PointList(points, attributes, collected.values, starts=collected.starts)
         elif instrument is not None:
             unchanged.last.pop(instrument, None)
         return points

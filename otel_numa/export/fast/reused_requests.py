@@ -6,9 +6,12 @@ hands the same attribute mapping per series, and the SDK's aggregations keep it)
 move, and in the encoding those are fixed-width fields (otel_numa.export.otlp_wire). So the gRPC
 exporter's ``_translate_data`` (an instance attribute on the agent's own exporter, shadowing the class's
 method) keeps the last request it encoded, and while a push has the same resources, scopes, metrics and
-series in the same order, writes the new times and values into a copy of its bytes, which it parses into
-the request handed to gRPC. Anything else (a series more or less, a histogram, exemplars, a number that
-does not fit in place) is encoded by the exporter's own translation, whose request becomes the one kept.
+series in the same order, writes the new times and values into a copy of its bytes (repeated points from
+their tuples of numbers, without making the points; only their time where those are the tuples the request
+was encoded from), and hands gRPC those bytes: the exporter's stub (``_stub``, and the ``_client`` made
+from it on the exporter's ``_channel``) sends a request that is bytes as it is, and serializes any other as
+the library does. Anything else (a series more or less, a histogram, exemplars, a number that does not fit
+in place) is encoded by the exporter's own translation, whose request becomes the one kept.
 
 The HTTP exporter encodes inside ``export`` itself (the module's ``encode_metrics``, then
 ``SerializeToString``), with no method of its own in between: reusing its request for one exporter only
@@ -31,7 +34,7 @@ from opentelemetry.sdk.metrics.export import Gauge, Sum
 
 from otel_numa.export.fast.patch import Patch
 from otel_numa.export.fast.point_list import PointList
-from otel_numa.export.otlp_wire import number_point_places, write_points
+from otel_numa.export.otlp_wire import number_point_places, write_numbers, write_points, write_times
 
 # zlib's fastest level for the request kept between pushes: compressed when the series change,
 # decompressed at each push
@@ -47,7 +50,8 @@ class _KeptRequest:
     compressed: bytes
     places: array[int]  # where its numbers lie in the decompressed bytes (otel_numa.export.otlp_wire)
     layout: list[object]  # held, so that the ids compared with it cannot be reused
-    parse: Callable[[bytes], Any]
+    # the start times and values of each point list it was encoded from (held: compared by identity)
+    numbers: list[tuple[object, object]]
 
 
 class _ReusedRequests:
@@ -62,6 +66,11 @@ class _ReusedRequests:
     def __call__(self, data: Any) -> Any:
         layout: list[object] = []
         points: list[Any] = []
+        # repeated points as their numbers, without making the points: (first point's index, its list, its
+        # place among the point lists)
+        numbers_of: list[tuple[int, PointList, int]] = []
+        lists: list[tuple[object, object]] = []  # every point list's start times and values
+        count = 0
         for resource_metrics in data.resource_metrics:
             layout.append(resource_metrics.resource)
             for scope_metrics in resource_metrics.scope_metrics:
@@ -81,33 +90,78 @@ class _ReusedRequests:
                             len(numbers.data_points),
                         )
                     )
-                    if type(numbers.data_points) is PointList:  # plain points; one tuple of mappings
-                        layout.append(numbers.data_points.attributes)
-                        points += numbers.data_points
+                    listed = numbers.data_points
+                    if type(listed) is PointList:  # plain points; one tuple of mappings
+                        layout.append(listed.attributes)
+                        lists.append((listed.starts, listed.values))
+                        if listed.starts is not None and listed.time is not None:
+                            numbers_of.append((count, listed, len(lists) - 1))
+                            points.append(None)  # a place holder: written below from the numbers
+                            count += len(listed)
+                            continue
+                        points += listed
+                        count += len(listed)
                         continue
-                    for point in numbers.data_points:
+                    for point in listed:
                         if point.exemplars:
                             return self._translate(data)
                         layout.append(point.attributes)
                         points.append(point)
+                    count += len(listed)
         with self._lock:
             kept = self._kept
             # every time and value is written, start times too: a delta sum starts anew at every push, and
             # a series forgotten and observed again comes back with a new start
             if kept is not None and _same_layout(layout, kept.layout):
                 encoded = bytearray(zlib.decompress(kept.compressed))
-                if write_points(encoded, kept.places, points):
+                if _write(encoded, kept, points, numbers_of):
                     self.reused += 1
-                    return kept.parse(bytes(encoded))
+                    return bytes(encoded)  # sent as they are (_PassingBytes)
             request = self._translate(data)
             self._kept = None
             serialized = request.SerializeToString()
             places = number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
-            if places is not None and len(places) == 3 * len(points):
+            if places is not None and len(places) == 3 * count:
                 compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
-                self._kept = _KeptRequest(compressed, places, layout, type(request).FromString)
+                self._kept = _KeptRequest(compressed, places, layout, lists)
             return request
+
+
+def _write(
+    encoded: bytearray, kept: _KeptRequest, points: list[Any], numbers_of: list[tuple[int, PointList, int]]
+) -> bool:
+    """The points' numbers written into ``encoded``, the kept request's bytes: the lists of ``numbers_of``
+    from their numbers (only their time where their start times and values are the very tuples the request
+    was encoded from), the other points (``points`` without the ``None`` that stand for those lists) one by
+    one."""
+    places = kept.places
+    if not numbers_of:
+        return write_points(encoded, places, points)
+    index = 0
+    numbered = iter(numbers_of)
+    for point in points:
+        if point is not None:
+            if not write_numbers(
+                encoded, places, index, (point.start_time_unix_nano,), point.time_unix_nano, (point.value,)
+            ):
+                return False
+            index += 1
+            continue
+        first, listed, place = next(numbered)
+        starts, time, values = listed.starts, listed.time, listed.values
+        assert starts is not None and time is not None
+        if first != index:
+            return False
+        encoded_starts, encoded_values = kept.numbers[place]
+        if starts is encoded_starts and values is encoded_values:
+            written = write_times(encoded, places, first, len(values), time)
+        else:
+            written = write_numbers(encoded, places, first, starts, time, values)
+        if not written:
+            return False
+        index += len(listed)
+    return 3 * index == len(places)
 
 
 def _same_layout(now: list[object], before: list[object]) -> bool:
@@ -130,22 +184,67 @@ def reuse_requests(exporter: object) -> bool:
     return _patch(exporter)
 
 
+class _PassingBytes:
+    """A gRPC channel as the exporter's stub sees it: its calls send a request that is bytes already as it
+    is, and serialize any other with the stub's own serializer."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+
+    def unary_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        serialize = request_serializer
+
+        def serialize_unless_bytes(request: Any) -> Any:
+            return request if type(request) is bytes else serialize(request)
+
+        return self._channel.unary_unary(method, request_serializer=serialize_unless_bytes, **kwargs)
+
+
+class _PassingStub:
+    """Stands in for the exporter's ``_stub``: the library's stub, made on a :class:`_PassingBytes` channel
+    (the exporter makes its client again after it reconnects)."""
+
+    def __init__(self, stub: Callable[[Any], Any]) -> None:
+        self._stub = stub
+
+    def __call__(self, channel: Any) -> Any:
+        return self._stub(_PassingBytes(channel))
+
+
 def _patch(exporter: object) -> bool:
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
     if type(exporter) is not OTLPMetricExporter or "_translate_data" in vars(exporter):
         return False
     translate = exporter._translate_data
-    if not callable(translate):
+    stub, channel = vars(exporter).get("_stub"), vars(exporter).get("_channel")
+    if not callable(translate) or not isinstance(stub, type) or channel is None:
         return False
+    if not isinstance(vars(exporter).get("_client"), stub):
+        return False
+    exporter._stub = _PassingStub(stub)
+    exporter._client = exporter._stub(channel)
     exporter._translate_data = _ReusedRequests(translate)  # type: ignore[method-assign]
     return True
 
 
+class _Recording:
+    """A channel for the check: each call's request as its serializer makes it, never sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def unary_unary(self, method: str, request_serializer: Any = None, **kwargs: Any) -> Any:
+        def call(request: Any, **call_kwargs: Any) -> None:
+            self.sent.append(request_serializer(request))
+
+        return call
+
+
 def _check() -> str | None:
     """Two throwaway gRPC exporters (never connected), one patched: over pushes with new values, a new
-    start time, a number that switches between integer and float, a series more and a series less, the
-    same requests."""
+    start time, a number that switches between integer and float, a series more and a series less, and
+    repeated points given as their numbers (the same tuples again, then new values), the same requests."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
@@ -160,24 +259,45 @@ def _check() -> str | None:
 
     resource, scope = Resource({"r": "1"}), InstrumentationScope("otel_numa.check")
     x, y, z = {"a": "x"}, {"a": "y"}, {"a": "z"}
-    pushes: list[list[tuple[dict[str, str], int, float]]] = [
+    same, new = (4.5, 8), (9, -1.5)
+    pushes: list[list[tuple[dict[str, str], int, float]] | tuple[float, ...]] = [
         [(x, 1, 1.0), (y, 1, 2)],
         [(x, 1, 3.5), (y, 1, 4)],
         [(x, 2, 5), (y, 1, 6.25)],
         [(x, 2, 5), (y, 1, 6.25), (z, 3, 1)],
         [(x, 2, 7), (z, 3, 2)],
         [(x, 2, 2**62), (z, 3, -2)],
+        same,
+        same,
+        new,
+        same,
     ]
 
-    def data(push: list[tuple[dict[str, str], int, float]], time: int) -> MetricsData:
-        sums = Sum(
-            [NumberDataPoint(a, start, time, value) for a, start, value in push],
-            AggregationTemporality.CUMULATIVE,
-            True,
-        )
-        # a gauge's points have no start time (the SDK's are None, whatever the annotation says)
-        no_start: Any = None
-        gauge = Gauge([NumberDataPoint(a, no_start, time, value) for a, _start, value in push])
+    # a gauge's points have no start time (the SDK's are None, whatever the annotation says)
+    no_start: Any = None
+    attributes: tuple[dict[str, str], ...] = (x, z)
+    starts, gauge_starts = (2, 3), (no_start, no_start)
+
+    def repeated(starts: tuple[Any, ...], values: tuple[float, ...], time: int) -> PointList:
+        def make(part: slice) -> list[Any]:
+            return [
+                NumberDataPoint(a, start, time, value)
+                for a, start, value in zip(attributes[part], starts[part], values[part], strict=True)
+            ]
+
+        return PointList.made_later(make, attributes, values, starts, time)
+
+    def data(push: list[tuple[dict[str, str], int, float]] | tuple[float, ...], time: int) -> MetricsData:
+        if isinstance(push, tuple):  # repeated points: the same tuples from one push to the next
+            sums = Sum(repeated(starts, push, time), AggregationTemporality.CUMULATIVE, True)
+            gauge = Gauge(repeated(gauge_starts, push, time))
+        else:
+            sums = Sum(
+                [NumberDataPoint(a, start, time, value) for a, start, value in push],
+                AggregationTemporality.CUMULATIVE,
+                True,
+            )
+            gauge = Gauge([NumberDataPoint(a, no_start, time, value) for a, _start, value in push])
         metrics = [Metric("s", "a sum", "1", sums), Metric("g", "a gauge", "By", gauge)]
         return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
@@ -186,9 +306,12 @@ def _check() -> str | None:
     try:
         if not _patch(patched):
             return "the exporter has another shape"
+        wire = _Recording()
+        client = patched._stub(wire)  # the patched exporter's client, on a channel that records
         for time, push in enumerate(pushes, start=100):
             metrics = data(push, time)
-            if plain._translate_data(metrics) != patched._translate_data(metrics):
+            client.Export(request=patched._translate_data(metrics), metadata=None, timeout=1)
+            if wire.sent[-1] != plain._translate_data(metrics).SerializeToString():
                 return "the requests differ from the exporter's own"
         if not isinstance(patched._translate_data, _ReusedRequests) or patched._translate_data._kept is None:
             return "no request was kept"
@@ -210,6 +333,11 @@ def _check_if_loaded() -> str | None:
 PATCH = Patch(
     name="reused_requests",
     replaces="the gRPC OTLP exporter's encoding of every data point on every push",
-    private_names=("OTLPExporterMixin._translate_data",),
+    private_names=(
+        "OTLPExporterMixin._translate_data",
+        "OTLPExporterMixin._stub",
+        "OTLPExporterMixin._client",
+        "OTLPExporterMixin._channel",
+    ),
     check=_check_if_loaded,
 )
