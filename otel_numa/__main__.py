@@ -1,3 +1,3 @@
-from otel_numa.cli.main import main
+from otel_numa.cli.launch import main
 
 raise SystemExit(main())

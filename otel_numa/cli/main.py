@@ -25,6 +25,7 @@ from otel_numa.cli.settings import (
     environment_names,
     shown_default,
 )
+from otel_numa.daemon import signals
 from otel_numa.daemon.logs import setup_logging
 from otel_numa.daemon.serve import exec_serve, run
 from otel_numa.instruments import catalogue
@@ -225,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(settings.log_level)
     warn_unknown_environment()
     if once:
+        signals.release()  # held by otel-numa's entry point for the daemon; --once answers them as usual
         from otel_numa.daemon.agent import Agent  # after logging, so import-time warnings are formatted
 
         sys.stdout.buffer.write(Agent(options).exposition_once())

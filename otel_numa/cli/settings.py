@@ -128,11 +128,11 @@ class Settings(BaseSettings):
     )
     """OTLP transport: grpc or http/protobuf."""
     otlp_timeout: float = Field(default=3.0, gt=0, le=60)
-    """Seconds one OTLP export may take, retries included."""
+    """Seconds one OTLP export may take by the wall clock, retries included."""
     stall_timeout: float = Field(default=60.0, gt=0, le=3600)
     """Seconds one collection may run (a read that hangs) before /healthz answers 503."""
-    interval: float = Field(default=15.0, gt=0, le=3600)
-    """Seconds between OTLP exports and background refreshes."""
+    interval: float = Field(default=15.0, ge=0.1, le=3600)
+    """Seconds between OTLP exports and background refreshes; at least 0.1."""
     push_min_interval: float = Field(default=0.2, ge=0, le=60)
     """Shortest seconds between two exports triggered by kubelet state changes (the last is always sent)."""
     compat: Literal["numainfo"] | None = None

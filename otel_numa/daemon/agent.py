@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import threading
 import time
 
 from prometheus_client import generate_latest
@@ -65,7 +64,6 @@ class Agent:
         self._prometheus_server: MetricsServer | None = None
         self.scheduler: Scheduler | None = None
         self.watcher: CheckpointWatcher | None = None
-        self._stopped = threading.Event()
 
     def healthy(self) -> bool:
         """False once one collection has run longer than the stall timeout (``/healthz``)."""
@@ -165,12 +163,6 @@ class Agent:
     def _push(self) -> None:
         if self.pipeline is not None:
             self.pipeline.push(timeout_s=self.options.export.otlp_timeout_s)
-
-    def wait(self) -> None:
-        self._stopped.wait()
-
-    def request_stop(self) -> None:
-        self._stopped.set()
 
     def stop(self, timeout_s: float = 4.0) -> None:
         """Flush and stop within ``timeout_s``, even with a dead or hung collector."""

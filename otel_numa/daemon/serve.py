@@ -14,6 +14,7 @@ import signal
 import sys
 from types import FrameType
 
+from otel_numa.daemon import signals
 from otel_numa.daemon.logs import setup_logging
 from otel_numa.options import AgentOptions, from_json
 
@@ -33,13 +34,26 @@ MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "1")
 ALLOCATOR_TUNABLES = (("glibc.malloc.tcache_count", "0"),)
 GLIBC_TUNABLES = "GLIBC_TUNABLES"
 log = logging.getLogger("otel_numa")
-# Signals an operator or a tool may send that must not end the agent: logged and ignored.
-IGNORED_SIGNALS = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def run(options: AgentOptions) -> int:
-    """Serve until SIGTERM/SIGINT, then push once more and exit within 5 s; SIGHUP, SIGUSR1 and SIGUSR2 are
-    logged and ignored."""
+def _on_ignored(signum: int, _frame: FrameType | None) -> None:
+    # Their default would end the process at once, with no final push and no log line.
+    log.info("received %s; ignored (TLS files are re-read when they change)", signal.Signals(signum).name)
+
+
+def stop_request() -> signals.StopRequest:
+    """The handlers of every signal the agent answers, installed now (the first thing the daemon does)."""
+    stop = signals.StopRequest()
+    stop.install(_on_ignored)
+    return stop
+
+
+def run(options: AgentOptions, stop: signals.StopRequest | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (``stop``, else handlers installed now), then push once more and exit
+    within 5 s; SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored. A stop that comes while the agent starts
+    still gets its first snapshot pushed, and exits 0."""
+    if stop is None:
+        stop = stop_request()
     from otel_numa.daemon.agent import (  # after logging, so import-time warnings are formatted
         Agent,
         CannotListen,
@@ -47,19 +61,6 @@ def run(options: AgentOptions) -> int:
     from otel_numa.daemon.heap import HeapPolicy
 
     agent = Agent(options, heap=HeapPolicy())  # this process runs for months: it owns the heap
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        agent.request_stop()
-
-    def on_ignored(signum: int, _frame: FrameType | None) -> None:
-        # Their default would end the process at once, with no final push and no log line.
-        log.info("received %s; ignored (TLS files are re-read when they change)", signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    for ignored in IGNORED_SIGNALS:
-        signal.signal(ignored, on_ignored)
     try:
         agent.start()
     except CannotListen as exc:  # a setting the operator must change: exits as any bad setting does
@@ -70,7 +71,7 @@ def run(options: AgentOptions) -> int:
         log.error("cannot start: %s", exc)
         agent.stop(timeout_s=1)
         return 1
-    agent.wait()
+    log.info("received %s, shutting down", stop.wait())
     agent.stop()
     log.info("stopped")
     return 0
@@ -98,13 +99,15 @@ def with_allocator_tunables(tunables: str) -> str:
 
 
 def main() -> int:
+    stop = stop_request()  # before anything else: otel-numa held the signals until now
     text = os.environ.pop(OPTIONS_ENV, None)
     if text is None:
         print("otel-numa: start the agent with the otel-numa command", file=sys.stderr)
         return 2
     options = from_json(text)
     setup_logging(options.log_level)
-    return run(options)
+    signals.release()  # a signal that came during start-up is handled now
+    return run(options, stop)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ def test_once_with_groups_disabled(tmp_path: Path) -> None:
     [
         (["--interval", "soon"], {}, None, "interval"),
         (["--interval", "-1"], {}, None, "interval"),
+        (["--interval", "1e-9"], {}, None, "interval"),  # at least 0.1: a smaller one spun a core
+        (["--interval", "0.09"], {}, None, "interval"),
         (["--exporter", "statsd"], {}, None, "exporters"),
         (["--otlp-protocol", "udp"], {}, None, "otlp_protocol"),
         (["--otlp-endpoint", "localhost:4317"], {}, None, "otlp_endpoint"),
