@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from collections.abc import Callable
 
 from prometheus_client import generate_latest
 
@@ -62,7 +63,8 @@ class Agent:
         self.pipeline: Pipeline | None = None
         self._health: HealthServer | None = None
         self._prometheus_server: MetricsServer | None = None
-        self.scheduler: Scheduler | None = None
+        self.scheduler: Scheduler | None = None  # the background refresh
+        self.push_scheduler: Scheduler | None = None  # the pushes, in a thread of their own
         self.watcher: CheckpointWatcher | None = None
 
     def healthy(self) -> bool:
@@ -126,9 +128,23 @@ class Agent:
             if cgroups is not None
             else []
         )
+        # Pushes have a thread of their own: a collector that hangs never freezes the container data. Each
+        # refresh round is followed by a push; the push timer only matters while refreshes stop.
+        after_refresh: list[Callable[[], None]] = []
+        if self.pipeline.pushing:
+            self.push_scheduler = Scheduler(
+                options.interval_s,
+                [self._push],
+                name="otel-numa-push",
+                min_trigger_gap_s=options.push_min_interval_s,
+                first_round_at_once=False,
+                trigger_restarts_timer=True,
+            )
+            self.push_scheduler.start()
+            after_refresh.append(self.push_scheduler.trigger)
         self.scheduler = Scheduler(
             options.interval_s,
-            [*self.background.tasks, self._push],
+            [*self.background.tasks, *after_refresh],
             min_trigger_gap_s=options.push_min_interval_s,
             periodic_tasks=cgroup_refresh,
             closing_tasks=[self._heap.after_round] if self._heap is not None else [],
@@ -167,23 +183,29 @@ class Agent:
     def stop(self, timeout_s: float = 4.0) -> None:
         """Flush and stop within ``timeout_s``, even with a dead or hung collector."""
         deadline = time.monotonic() + timeout_s
-        push_stuck = False
+        refresh_stuck = push_busy = False
         if self.watcher is not None:
             self.watcher.stop(timeout_s=0.2)
         if self.scheduler is not None:
             self.scheduler.stop(timeout_s=BACKGROUND_READ_WAIT_S + 0.5)
-            push_stuck = self.scheduler.running
+            refresh_stuck = self.scheduler.running
+        if self.push_scheduler is not None:
+            # a push in progress ends by its deadline: wait for it with half of what is left
+            self.push_scheduler.stop(timeout_s=max(0.0, (deadline - time.monotonic()) / 2))
+            push_busy = self.push_scheduler.running
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()
         if self._health is not None:
             self._health.stop()
         if self.pipeline is not None:
-            # One last export with what is left of the budget, unless a push already hangs on the collector.
+            # One last export with what is left of the budget, unless a push still waits on the collector.
             budget = min(self.options.export.otlp_timeout_s, deadline - time.monotonic() - 0.5)
-            if not push_stuck and budget > 0.2:
+            if push_busy:
+                log.info("no final push: the last push is still waiting on the collector")
+            elif budget > 0.2:
                 self.pipeline.push(timeout_s=budget)
             self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
-        if not push_stuck:
+        if not refresh_stuck:
             self.background.close()
 
 

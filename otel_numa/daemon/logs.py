@@ -8,9 +8,11 @@ import threading
 import time
 from collections.abc import Callable
 
-# The OTLP exporters log every failed export and every retry; one line per kind per minute is enough.
-RATE_LIMITED_LOGGERS = ("opentelemetry",)
+# The OTLP exporters log every failed export and every retry, and urllib3 each broken answer of an OTLP/HTTP
+# collector (with a traceback); one line per kind per minute is enough, without the traceback.
+RATE_LIMITED_LOGGERS = ("opentelemetry", "urllib3")
 RATE_LIMIT_SECONDS = 60.0
+PEER_FAILURE_LOGGERS = ("urllib3",)  # what they log is the collector's failure: no traceback
 
 
 class RateLimitFilter(logging.Filter):
@@ -43,6 +45,8 @@ class RateLimitFilter(logging.Filter):
             if len(self._last_seen) > 1000:  # message templates are few; never let this grow without bound
                 self._last_seen.clear()
             self._last_seen[key] = now
+        if record.name.startswith(PEER_FAILURE_LOGGERS):
+            record.exc_info = record.exc_text = None
         return True
 
 

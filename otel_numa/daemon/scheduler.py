@@ -1,4 +1,5 @@
-"""The background thread: refreshes slow sources and pushes through OTLP, periodically or on demand."""
+"""The background threads: one refreshes slow sources, one pushes through OTLP, each periodically or on
+demand (a push that waits on its collector never delays a refresh, nor a refresh a push)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ class Scheduler:
     (housekeeping that a burst of kubelet changes need not repeat). A failing task is logged (once per
     distinct message) and does not stop the others or the loop. Triggered rounds start at least
     ``min_trigger_gap_s`` apart: triggers that come during a round or the gap fold into one more round
-    after it, so the last trigger is always followed by a full round.
+    after it, so the last trigger is always followed by a full round. ``first_round_at_once``: the first
+    round starts with the thread, else one interval later; ``trigger_restarts_timer``: a triggered round
+    also puts the next timer round one interval after it (pushes that follow each refresh, with the timer
+    only for when refreshes stop).
     """
 
     def __init__(
@@ -30,8 +34,12 @@ class Scheduler:
         min_trigger_gap_s: float = 0.0,
         periodic_tasks: Sequence[Callable[[], None]] = (),
         closing_tasks: Sequence[Callable[[], None]] = (),
+        first_round_at_once: bool = True,
+        trigger_restarts_timer: bool = False,
     ):
         self._interval_s = interval_s
+        self._first_round_at_once = first_round_at_once
+        self._trigger_restarts_timer = trigger_restarts_timer
         self._min_trigger_gap_s = min_trigger_gap_s
         self._last_round_started = -math.inf
         self._tasks = list(tasks)
@@ -77,6 +85,8 @@ class Scheduler:
 
     def _run(self) -> None:
         next_run = time.monotonic()  # the first round at once: a collector has data from the start
+        if not self._first_round_at_once:
+            next_run += self._interval_s
         while not self._stop.is_set():
             self._wake.wait(max(0.0, next_run - time.monotonic()))
             if self._stop.is_set():
@@ -90,7 +100,7 @@ class Scheduler:
             self._wake.clear()
             self._last_round_started = time.monotonic()
             self.run_once(triggered)
-            if triggered:
+            if triggered and not self._trigger_restarts_timer:
                 continue  # a triggered round leaves the periodic timer where it was
             next_run = time.monotonic() + self._interval_s
 

@@ -38,6 +38,12 @@ from otel_numa.export.fast.reused_requests import reuse_requests
 from otel_numa.export.fast.reused_translations import reuse_translations
 from otel_numa.export.fast.shared_collection import SharedPrometheusReader
 from otel_numa.export.fast.slim_series import slim_series
+from otel_numa.export.otlp_deadline import (
+    DeadlineExporter,
+    PushRecord,
+    exporter_timeout_s,
+    request_aborter,
+)
 from otel_numa.export.rebuild import RebuildPlan
 from otel_numa.export.temporality import Temporality, is_cumulative, preferred_temporality
 from otel_numa.instruments import register_instruments
@@ -153,7 +159,9 @@ class Pipeline:
         self._lock = lock
         self._readers = build()
         self._plan = RebuildPlan(cardinality_limit)
+        self._rebuild_due = False  # set by the refresh thread, done by the next push (pushes have a thread)
         self.rebuilds = 0
+        self.pushes: PushRecord | None = None  # what the OTLP pushes did, when that exporter is on
         # the heap policy of a long-running process (otel_numa.daemon.heap), called after a push; none by
         # default
         self.after_push: Callable[[], None] = _nothing
@@ -161,6 +169,11 @@ class Pipeline:
     @property
     def meter_provider(self) -> MeterProvider:
         return self._readers.provider
+
+    @property
+    def pushing(self) -> bool:
+        """Whether any push exporter is on (OTLP, console)."""
+        return bool(self._exporters)
 
     def page_app(self) -> WSGIApp:
         """The page's WSGI app (uncompressed; the server compresses)."""
@@ -177,7 +190,10 @@ class Pipeline:
             janitor.forget(live_pods)
             return
         if self._plan.seen(live_pods):
-            self.rebuild()
+            if self._exporters:
+                self._rebuild_due = True  # a rebuild pushes: in the pushing thread, before its next push
+            else:
+                self.rebuild()
 
     def rebuild(self) -> None:
         """Replace the MeterProvider and its readers: every series starts afresh (counters with a new start
@@ -206,7 +222,10 @@ class Pipeline:
 
     def push(self, timeout_s: float = 5.0) -> None:
         """Export one collection to every push exporter (without holding the page: a collector that hangs
-        delays no scrape)."""
+        delays no scrape); a rebuild that came due first."""
+        if self._rebuild_due:
+            self._rebuild_due = False
+            self.rebuild()
         readers = self._readers
         if not readers.pushes:
             return
@@ -231,7 +250,7 @@ def _otlp_exporter(export: ExportOptions) -> MetricExporter:
         return GrpcExporter(
             endpoint=url,
             insecure=url.startswith("http://"),
-            timeout=export.otlp_timeout_s,
+            timeout=exporter_timeout_s(export.otlp_timeout_s),
             preferred_temporality=temporality,
         )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
@@ -241,7 +260,7 @@ def _otlp_exporter(export: ExportOptions) -> MetricExporter:
     # the collector CA of OTEL_EXPORTER_OTLP_(METRICS_)CERTIFICATE must win over REQUESTS_CA_BUNDLE
     return HttpExporter(
         endpoint=url,
-        timeout=export.otlp_timeout_s,
+        timeout=exporter_timeout_s(export.otlp_timeout_s),
         session=otlp_http_session(),
         preferred_temporality=temporality,
     )
@@ -266,11 +285,17 @@ def build_pipeline(
     fast = fast_path if fast_path is not None else choose(export.fast_path)
     temporality = preferred_temporality()
     push_exporters: list[tuple[MetricExporter, Temporality]] = []
+    push_record: PushRecord | None = None
     if "otlp" in names:
         otlp = otlp_exporter_factory(export)
         if fast.on("reused_requests"):
             reuse_requests(otlp)  # the gRPC exporter only
-        push_exporters.append((otlp, temporality))
+        push_record = PushRecord(export.otlp_url)
+        # a push ends by --otlp-timeout by the wall clock, whatever the collector or the resolver does
+        deadline = DeadlineExporter(
+            otlp, export.otlp_timeout_s, push_record, temporality, request_aborter(export.otlp_protocol)
+        )
+        push_exporters.append((deadline, temporality))
     if "console" in names:
         push_exporters.append((console_exporter(), preferred_temporality({})))
     lock = threading.RLock()
@@ -329,6 +354,7 @@ def build_pipeline(
             options.metrics,
             options.node_name,
             fast_path=bool(fast),
+            pushes=push_record,
         )
         if fast.on("slim_series"):
             slim_series(provider, _NO_EXEMPLARS)  # where no exemplar is sampled
@@ -337,7 +363,7 @@ def build_pipeline(
         janitor = DepartedSeriesJanitor(provider) if fast.on("forget_departed") else None
         return _Readers(provider, pushes, held, janitor)
 
-    return Pipeline(
+    pipeline = Pipeline(
         build,
         registry,
         store,
@@ -346,3 +372,5 @@ def build_pipeline(
         lock,
         export.cardinality_limit,
     )
+    pipeline.pushes = push_record
+    return pipeline

@@ -8,7 +8,7 @@ from opentelemetry.metrics import Meter
 
 from otel_numa.instruments import allocation, compat, container_usage, enrichment, health, machine
 from otel_numa.instruments.base import Instruments, Observe, Part
-from otel_numa.instruments.catalogue import BY_NAME
+from otel_numa.instruments.catalogue import BY_NAME, EXPORT_METRICS
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 
@@ -20,10 +20,12 @@ def _container_usage(snapshot: Snapshot) -> object:
     return snapshot.container_usage
 
 
-def observers(node_name: str, fast_path: bool = False) -> Mapping[str, tuple[Observe, Part | None]]:
+def observers(
+    node_name: str, fast_path: bool = False, pushes: health.Pushes | None = None
+) -> Mapping[str, tuple[Observe, Part | None]]:
     """Every catalogue metric's callback body, by OTel name, with the snapshot part it depends on only
     (``None``: it changes with every collection); ``fast_path``: whether the accelerated export path
-    serves."""
+    serves; ``pushes``: what the OTLP pushes did (none: no export series)."""
     found: dict[str, tuple[Observe, Part | None]] = dict(machine.OBSERVERS)
     for bodies, part in (
         (allocation.OBSERVERS, _allocation),
@@ -31,6 +33,7 @@ def observers(node_name: str, fast_path: bool = False) -> Mapping[str, tuple[Obs
         (container_usage.OBSERVERS, _container_usage),
         (health.OBSERVERS, None),
         (health.fast_path_observers(fast_path), None),
+        (health.export_observers(pushes) if pushes is not None else {}, None),
         (compat.observers(node_name), None),
     ):
         found.update((name, (body, part)) for name, body in bodies.items())
@@ -38,11 +41,20 @@ def observers(node_name: str, fast_path: bool = False) -> Mapping[str, tuple[Obs
 
 
 def register_instruments(
-    meter: Meter, store: SnapshotStore, metrics: Iterable[str], node_name: str, *, fast_path: bool = False
+    meter: Meter,
+    store: SnapshotStore,
+    metrics: Iterable[str],
+    node_name: str,
+    *,
+    fast_path: bool = False,
+    pushes: health.Pushes | None = None,
 ) -> None:
-    """One observable instrument per enabled metric, as the catalogue describes it."""
+    """One observable instrument per enabled metric, as the catalogue describes it; the export series only
+    where ``pushes`` is given (the otlp exporter is on)."""
     instruments = Instruments(meter, store)
-    bodies = observers(node_name, fast_path)
+    bodies = observers(node_name, fast_path, pushes)
     for name in metrics:
+        if name in EXPORT_METRICS and pushes is None:
+            continue
         observe, part = bodies[name]
         instruments.add(BY_NAME[name], observe, part)

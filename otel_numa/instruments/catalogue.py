@@ -473,6 +473,39 @@ METRICS: tuple[MetricSpec, ...] = (
         meaning="1 while the accelerated export path serves (--fast-path auto on the OpenTelemetry releases "
         "it was proven on), 0 on the public path (--fast-path off, or another release)",
     ),
+    # the OTLP pushes (only with the otlp exporter) ---------------------------------------------------------
+    _m(
+        "numa.agent.export.failures",
+        "counter",
+        "{push}",
+        G.HEALTH,
+        [],
+        "Failed pushes, by exporter and error type.",
+        attributes=("numa.exporter", "error.type"),
+        meaning="failed OTLP pushes (`numa.exporter` = `otlp`); `error.type` = `timeout` (the agent stopped "
+        "the push at `--otlp-timeout`), `failed` (the exporter gave up: refused, unreachable, an error "
+        "answer, no answer in its time); both start at 0",
+    ),
+    _m(
+        "numa.agent.export.duration",
+        "gauge",
+        "s",
+        G.HEALTH,
+        [],
+        "How long the last push took, retries included.",
+        attributes=("numa.exporter",),
+        meaning="seconds the last OTLP push took, retries included (at most `--otlp-timeout`)",
+    ),
+    _m(
+        "numa.agent.export.age",
+        "gauge",
+        "s",
+        G.HEALTH,
+        [],
+        "Seconds since the collector last accepted a push.",
+        attributes=("numa.exporter",),
+        meaning="seconds since the collector last accepted an OTLP push (since start before the first)",
+    ),
     # the agent's own process (OpenTelemetry's process semantic conventions) -------------------------------
     _m(
         "process.cpu.time",
@@ -599,6 +632,8 @@ METRICS: tuple[MetricSpec, ...] = (
 BY_NAME = {spec.name: spec for spec in METRICS}
 # read from the agent's own process once per collection, when any of them is enabled
 PROCESS_METRICS = frozenset(spec.name for spec in METRICS if spec.name.startswith("process."))
+# exported only while the otlp exporter is on: they describe its pushes
+EXPORT_METRICS = frozenset(spec.name for spec in METRICS if spec.name.startswith("numa.agent.export."))
 
 
 def prometheus_names() -> frozenset[str]:

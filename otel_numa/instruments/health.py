@@ -3,7 +3,8 @@ and what its process costs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from otel_numa.instruments.base import Observe, Point
 from otel_numa.series_attributes import EMPTY_ATTRIBUTES
@@ -89,3 +90,38 @@ def fast_path_observers(fast_path: bool) -> dict[str, Observe]:
         yield int(fast_path), EMPTY_ATTRIBUTES
 
     return {"numa.agent.fast_path": _fast_path}
+
+
+class Pushes(Protocol):
+    """What the OTLP pushes did (otel_numa.export.otlp_deadline.PushRecord)."""
+
+    @property
+    def last_duration_s(self) -> float | None: ...
+    def failures(self) -> Mapping[str, int]: ...
+    def age_s(self) -> float: ...
+
+
+EXPORTER = "numa.exporter"
+
+
+def export_observers(pushes: Pushes) -> dict[str, Observe]:
+    """``numa.agent.export.*``: what the OTLP pushes did (the only push exporter they describe)."""
+    otlp = {EXPORTER: "otlp"}
+
+    def _failures(_snapshot: Snapshot) -> Iterator[Point]:
+        for error_type, count in pushes.failures().items():
+            yield count, {EXPORTER: "otlp", "error.type": error_type}
+
+    def _duration(_snapshot: Snapshot) -> Iterator[Point]:
+        duration = pushes.last_duration_s
+        if duration is not None:
+            yield duration, otlp
+
+    def _age(_snapshot: Snapshot) -> Iterator[Point]:
+        yield pushes.age_s(), otlp
+
+    return {
+        "numa.agent.export.failures": _failures,
+        "numa.agent.export.duration": _duration,
+        "numa.agent.export.age": _age,
+    }

@@ -22,7 +22,7 @@ from otel_numa.testing.cri_server import CriServer, one_running_container
 from otel_numa.testing.demo import DEMO, demo_podresources_state
 from otel_numa.testing.device_tree import add_pci_function
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
-from otel_numa.testing.peers import REPO, http_get, run_agent, run_prometheus, wait_for
+from otel_numa.testing.peers import REPO, free_port, http_get, run_agent, run_prometheus, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 
 WEB_UID = "6f1c1e4e-3d4b-4c55-9a57-0d7f4c2b1a01"  # config/demo: default/web-0, container app
@@ -138,6 +138,8 @@ def test_a_real_scrape_shows_exactly_the_catalogues_metrics(
                 "--podresources-socket", str(server.socket_path), "--interval", "1",
                 "--reserved-cpus", "0-1", "--compat", "numainfo",
                 "--cri-socket", str(runtime.socket_path), "--enrich-pod-label", "team",
+                # the push series are there only with the otlp exporter; nobody listens at the endpoint
+                "--exporter", "prometheus,otlp", "--otlp-endpoint", f"http://127.0.0.1:{free_port()}",
             ]  # fmt: skip
             with (
                 run_agent(args, tmp_path) as agent,
