@@ -1,5 +1,5 @@
 """``/healthz`` (the process serves and collection makes progress) and ``/readyz`` (the first snapshot was
-taken) for probes."""
+taken) for probes, by ``GET`` or ``HEAD``."""
 
 from __future__ import annotations
 
@@ -23,25 +23,28 @@ class HealthServer:
             timeout = REQUEST_TIMEOUT_S
 
             def do_GET(self) -> None:
+                status, body = self._status()
+                self._answer(status, body)
+                self.wfile.write(body)
+
+            def do_HEAD(self) -> None:
+                status, body = self._status()
+                self._answer(status, body)
+
+            def _status(self) -> tuple[int, bytes]:
                 if self.path == "/healthz":
                     if is_healthy():
-                        self._answer(200, b"ok\n")
-                    else:  # a liveness probe restarts an agent whose collection is stuck
-                        self._answer(503, b"collection stalled\n")
-                elif self.path == "/readyz":
-                    if is_ready():
-                        self._answer(200, b"ready\n")
-                    else:
-                        self._answer(503, b"no snapshot yet\n")
-                else:
-                    self._answer(404, b"not found\n")
+                        return 200, b"ok\n"
+                    return 503, b"collection stalled\n"  # a liveness probe restarts a stuck agent
+                if self.path == "/readyz":
+                    return (200, b"ready\n") if is_ready() else (503, b"no snapshot yet\n")
+                return 404, b"not found\n"
 
             def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:  # probes every few seconds: stay quiet
                 pass

@@ -175,6 +175,43 @@ def compressing(app: WsgiApp, level: int = GZIP_LEVEL) -> WsgiApp:
     return serve
 
 
+def answering_head(app: WsgiApp) -> WsgiApp:
+    """``app`` with ``HEAD`` answered as ``GET`` is, the body left out (its length still given)."""
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answer: list[Any] = []
+
+        def keep(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], None]:
+            answer[:] = [status, headers]
+            return lambda _data: None
+
+        length = sum(len(part) for part in app({**environ, "REQUEST_METHOD": "GET"}, keep))
+        status, headers = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers = [*headers, ("Content-Length", str(length))]
+        start_response(status, headers)
+        return []
+
+    return serve
+
+
+def one_at_a_time(app: WsgiApp) -> WsgiApp:
+    """``app`` answering one request at a time. Pages share one interpreter, so rendering two at once
+    is no faster, but each holds its collection's objects and its text meanwhile: many clients asking at
+    once would hold that many."""
+    lock = threading.Lock()
+
+    def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        with lock:
+            return list(app(environ, start_response))
+
+    return serve
+
+
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_S
 
@@ -214,7 +251,7 @@ class MetricsServer:
             self._httpd.after_response = after_response
         page = app if app is not None else make_wsgi_app(registry, disable_compression=True)
         self.render_guard = RenderGuard(page, registry)
-        self._httpd.set_app(compressing(self.render_guard))
+        self._httpd.set_app(one_at_a_time(answering_head(compressing(self.render_guard))))
         self._watcher: threading.Thread | None = None
         if self._reloader is not None:
             # Each handshake starts on the listening context (which fixes whether a client certificate is

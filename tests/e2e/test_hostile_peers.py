@@ -1,6 +1,6 @@
 """Hostile clients against the agent as it serves: slow and silent connections on every port, descriptor
-exhaustion, hundreds of concurrent scrapes and connection resets. After each, a normal scraper still gets the
-page and the probes their answer, quickly."""
+exhaustion, hundreds of concurrent scrapes, connection resets and clients that ask and never read. After
+each, a normal scraper still gets the page and the probes their answer, quickly."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import re
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -24,7 +26,8 @@ import pytest
 
 from otel_numa.endpoints.serving import HEAD_TIMEOUT_S, MAX_CONNECTIONS, MAX_WORKERS
 from otel_numa.testing.certs import Issued, issue, make_ca
-from otel_numa.testing.peers import run_agent, wait_for
+from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
+from otel_numa.testing.peers import run_agent, run_prometheus, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -278,3 +281,135 @@ def test_connection_resets_are_logged_once_with_a_count(
     more = re.findall(r"metrics-http: (\d+) more client connection failures: connection reset x(\d+)", log)
     assert more == [("399", "399")], log
     assert len(log.splitlines()) < 40
+
+
+# --- clients that ask and never read, on a 2,000-container node --------------------------------------
+
+# 2,000 containers on 8 NUMA nodes x 48 CPUs: a 6.6 MB page (about 300 KB gzipped)
+LARGE = LargeNodeSpec(numa_nodes=8, cpus_per_node=48, pods=500, containers_per_pod=4, exclusive_pod_every=6)
+NON_READERS = 32
+# Each non-reader the agent drops asks again at once, so the agent renders the page for them without a
+# pause (~0.3 s each here); a scrape waits for the render in progress, then its own (Prometheus' scrape
+# timeout is 10 s by default)
+LARGE_SCRAPE_S = 3.0
+ATTACKER_ADDRESS = "127.0.0.2"  # a peer of their own, as a hostile pod would be; Prometheus is 127.0.0.1
+
+
+class NonReaders:
+    """``count`` clients that each ask for the page (uncompressed: the most to hold) and never read it,
+    asking again as soon as the agent drops them."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self._port = port
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._ask, daemon=True) for _ in range(count)]
+        self.asked = 0
+
+    def _ask(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection = socket.create_connection(
+                    ("127.0.0.1", self._port), timeout=10, source_address=(ATTACKER_ADDRESS, 0)
+                )
+            except OSError:
+                self._stop.wait(0.05)
+                continue
+            with connection, contextlib.suppress(OSError):
+                connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: agent\r\n\r\n")
+                self.asked += 1
+                hung_up = select.poll()
+                hung_up.register(connection, select.POLLRDHUP)
+                while not self._stop.is_set() and not hung_up.poll(100):
+                    pass  # never read: wait until the agent drops the answer
+
+    def __enter__(self) -> NonReaders:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def peak_rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+
+def test_clients_that_never_read_hold_no_worker_and_bounded_memory(tmp_path: Path) -> None:
+    """32 clients ask for the 6.6 MB page and never read it (the agent held a worker 10 s for each, and
+    scrapes timed out); a real Prometheus and a scraper keep getting theirs."""
+    node = write_large_node(tmp_path / "node", LARGE)
+    with run_agent(node.cli_args(), tmp_path) as agent:
+        assert agent.prometheus_port is not None
+        page = Scraper(agent.prometheus_port, "/metrics")
+        wait_for(lambda: len(page.get(timeout_s=10)[1]) > 5_000_000, 30, "the first cgroup walk")
+        peak_before = peak_rss_bytes(agent.process.pid)
+        target = f"127.0.0.1:{agent.prometheus_port}"
+        with run_prometheus(tmp_path, [target], scrape_interval=f"{LARGE_SCRAPE_S:g}s") as prometheus:
+            wait_for(prometheus.targets_up, 30, "Prometheus' first scrape")
+            with NonReaders(agent.prometheus_port, NON_READERS) as attackers:
+                began = time.monotonic()
+                times = []
+                while time.monotonic() - began < 10:
+                    times.append(page.answers_within(LARGE_SCRAPE_S, 1)[0])
+                window = f"[{int(time.monotonic() - began)}s]"
+                scrapes = prometheus.series(f'count_over_time(up{{instance="{target}"}}{window})')
+                up = prometheus.series(f'min_over_time(up{{instance="{target}"}}{window})')
+                slowest = prometheus.series(
+                    f'max_over_time(scrape_duration_seconds{{instance="{target}"}}{window})'
+                )
+        peak = peak_rss_bytes(agent.process.pid)
+        log = agent.log()
+    print(
+        f"scrapes under attack: {len(times)}, slowest {max(times):.2f} s; Prometheus: {scrapes}, slowest "
+        f"{slowest}; non-readers asked {attackers.asked} times; "
+        f"peak RSS {peak_before >> 20} -> {peak >> 20} MiB"
+    )
+    assert set(up.values()) == {1.0} and min(scrapes.values()) >= 2, (up, scrapes)
+    assert max(slowest.values()) < LARGE_SCRAPE_S, slowest
+    assert peak < peak_before + (64 << 20), f"peak RSS {peak_before >> 20} -> {peak >> 20} MiB"
+    assert log.count("client connection failed (answer not taken in time)") == 1, log[-2000:]
+    assert "Traceback" not in log
+
+
+def test_head_is_answered_with_the_headers_of_get_and_no_body(
+    tmp_path: Path, hwloc_root: Callable[[str], tuple[Path, Path]]
+) -> None:
+    with run_agent(machine_args(tmp_path, hwloc_root), tmp_path) as agent:
+        assert agent.prometheus_port is not None and agent.health_port is not None
+        for port, path in (
+            (agent.prometheus_port, "/metrics"),
+            (agent.health_port, "/healthz"),
+            (agent.health_port, "/readyz"),
+        ):
+            for encoding in ("", "gzip"):
+                head, get = (answer(port, method, path, encoding) for method in ("HEAD", "GET"))
+                assert head.status == get.status == 200, (path, head, get)
+                assert head.headers == get.headers, (path, encoding)  # but the length of a page
+                assert head.body == b"" and get.body, path
+                assert int(head.length) > 0 and int(get.length) == len(get.body)
+                if path != "/metrics":  # a page's length moves with its values
+                    assert head.length == get.length
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]  # Content-Type and Content-Encoding
+    length: str
+    body: bytes
+
+
+def answer(port: int, method: str, path: str, encoding: str) -> Answer:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, headers={"Accept-Encoding": encoding} if encoding else {})
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    shown = {name: response.getheader(name, "") for name in ("Content-Type", "Content-Encoding")}
+    return Answer(response.status, shown, response.getheader("Content-Length", ""), body)
