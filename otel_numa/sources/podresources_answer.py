@@ -3,10 +3,12 @@ above a real node's on what one answer may hold.
 
 The kubelet is trusted as little as a file is. An answer naming a CPU or a NUMA node the machine does not
 have is not about this machine (``out_of_range``); one holding more than :data:`MAX_ENTRIES` entries (pods,
-containers, device groups, device ids, memory blocks, DRA claims and their devices) or more CPU ids than
-:data:`CPU_IDS_PER_CPU` per CPU of the machine is past a cap (``over_limit``). Either is refused whole, at
+containers, device groups, device ids, memory blocks, DRA claims and their devices), or a CPU set longer
+than the machine's CPUs (it must repeat an id), is past a cap (``over_limit``). Either is refused whole, at
 the first entry that breaks the rule, before it is built: its ids never become series, and what refusing it
-costs is bounded by the caps, whatever the answer holds.
+costs is bounded by the caps, whatever the answer holds. CPU sets are not capped together: kubelets before
+1.22 list the whole shared pool for every container outside it, so a real answer may hold the machine's CPUs
+once per container (the answer's values are bounded before it is parsed, otel_numa.sources.wire_values).
 """
 
 from __future__ import annotations
@@ -33,8 +35,6 @@ OVER_LIMIT = "over_limit"
 # A 5,000-container node answers with ~100,000 entries at most (a few devices and memory blocks each);
 # KubeVirt nodes list ~1,000 device ids per resource as allocatable.
 MAX_ENTRIES = 100_000
-# Each CPU is exclusive to one container at a time, and may also be in its pod's pool and in allocatable.
-CPU_IDS_PER_CPU = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,8 @@ class MachineLimits:
 
     @property
     def cpu_ids(self) -> int:
-        """CPU ids one answer may list, its sets together."""
-        return CPU_IDS_PER_CPU * (self.highest_cpu + 1)
+        """CPU ids one set may list: every CPU of the machine once."""
+        return self.highest_cpu + 1
 
 
 class AnswerReader:
@@ -57,7 +57,6 @@ class AnswerReader:
         self._limits = limits
         self._what = what
         self._entries = 0
-        self._cpu_ids = 0
 
     def pods(self, pods: Sequence[pb.PodResources]) -> tuple[PodResources, ...]:
         self._count(len(pods))
@@ -81,11 +80,10 @@ class AnswerReader:
     def _cpus(self, ids: Sequence[int]) -> frozenset[int]:
         if not ids:
             return shared_set(())
-        self._cpu_ids += len(ids)  # counted before any id is looked at: len() costs nothing
-        if self._cpu_ids > self._limits.cpu_ids:
-            raise self._refuse(f"more than {self._limits.cpu_ids} CPU ids", OVER_LIMIT)
         if min(ids) < 0 or max(ids) > self._limits.highest_cpu:
             raise self._refuse("a CPU the machine does not have", OUT_OF_RANGE)
+        if len(ids) > self._limits.cpu_ids:
+            raise self._refuse(f"a set of more than {self._limits.cpu_ids} CPU ids", OVER_LIMIT)
         return shared_set(ids)
 
     def _numa_ids(self, topology: pb.TopologyInfo) -> tuple[int, ...]:

@@ -101,7 +101,7 @@ def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() 
     from otel_numa.sources.cgroups import _container_id_of, _pod_uid_of
     from otel_numa.sources.checkpoints.cpu_manager import parse_cpu_manager_state
     from otel_numa.sources.pod_logs import parse_pod_log_dir_name
-    from otel_numa.sources.podresources import _pod_resources
+    from otel_numa.sources.podresources_answer import AnswerReader, MachineLimits
     from otel_numa.testing.checkpoints import cpu_manager_state_bytes
 
     uid, container_id = "0d4e5b8a-1c2f-4a6b-9e7d-3f1a2b3c4d5e", "ab" * 32
@@ -115,6 +115,6 @@ def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() 
     ((checkpoint_uid, containers),) = cpu_manager.entries.items()
     assert checkpoint_uid is pod.uid and next(iter(containers)) is log.container_name
     answer = pb.PodResources(name="web-0", namespace="shop", containers=[pb.ContainerResources(name="app")])
-    listed = _pod_resources(answer)
+    (listed,) = AnswerReader(MachineLimits(), "List").pods([answer])
     assert listed.name is pod.name and listed.namespace is pod.namespace
     assert listed.containers[0].name is log.container_name

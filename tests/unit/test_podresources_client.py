@@ -391,9 +391,9 @@ MACHINE = MachineLimits(highest_cpu=31, numa_nodes=frozenset({0, 1}))
             ),
             "over_limit",
         ),
-        # more CPU ids than eight per CPU of the machine, each set within it
+        # a set longer than the machine's CPUs: it repeats ids
         (
-            [pb.PodResources(name=f"p{index}", cpu_ids=range(32)) for index in range(9)],
+            [pb.PodResources(name="p", containers=[pb.ContainerResources(name="c", cpu_ids=[5] * 33)])],
             None,
             "over_limit",
         ),
@@ -411,6 +411,20 @@ def test_an_answer_beyond_the_machine_is_refused_whole(
         client.list_pods(MACHINE) if pods else client.allocatable(MACHINE)
     assert raised.value.error_type == error_type
     assert "the answer is left out" in str(raised.value)
+
+
+def test_an_old_kubelets_shared_pool_in_every_container_is_an_answer_like_any_other(
+    server: PodResourcesServer,
+) -> None:
+    """Kubelets before 1.22 list the whole shared pool as the CPUs of every container outside it: 110 such
+    containers name the 32 CPUs 110 times over."""
+    server.state.pods = [
+        pb.PodResources(name=f"p{index}", containers=[pb.ContainerResources(name="c", cpu_ids=range(2, 32))])
+        for index in range(110)
+    ]
+    with PodResourcesClient(server.socket_path) as client:
+        pods = client.list_pods(MACHINE)
+    assert len(pods) == 110 and all(pod.containers[0].cpu_ids == frozenset(range(2, 32)) for pod in pods)
 
 
 def test_an_answer_read_before_the_machine_was_known_is_read_again_within_it(
