@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,7 +51,9 @@ from otel_numa.testing.cgroup_tree import (
     FakePod,
     Qos,
     container_dir,
+    fake_container_id,
     make_pods,
+    pod_relative_dir,
     render_numa_stat_v2,
     write_cgroup_tree,
 )
@@ -189,6 +193,7 @@ class LargeNode:
         self.container_logs_root = root / "container-logs"
         self.cgroup_root = root / "cgroup"
         self.pods = pods
+        self._renamed: dict[int, str] = {}  # pods replaced under another name (replace_pod)
 
     # paths --------------------------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class LargeNode:
         return self.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
 
     def pod_name(self, pod_index: int) -> str:
-        return f"pod-{pod_index:04d}"
+        return self._renamed.get(pod_index, f"pod-{pod_index:04d}")
 
     def reserved_cpus(self) -> frozenset[int]:
         per_node = self.spec.cpus_per_node
@@ -496,6 +501,57 @@ class LargeNode:
             pods.append(dataclasses.replace(pod, containers=tuple(containers)))
         return tuple(pods)
 
+    def replace_pod(self, pod_index: int, serial: int, generation: int = 0) -> FakePod:
+        """Replace shared-pool pod ``pod_index`` by a new one of the same shape (a new name, UID and
+        container ids), as a ReplicaSet re-creating it does: the old pod's cgroups, ``pods/`` directory and
+        log entries go, the new one's come (cgroup values of ``generation``). The checkpoints hold no
+        shared-pool pod; :meth:`podresources_state` answers for the new one. ``serial`` makes the new name
+        and UID.
+        """
+        if self.spec.exclusive(pod_index):
+            raise ValueError(f"pod {pod_index} holds exclusive CPUs: the checkpoints would change too")
+        old = self.pods[pod_index]
+        uid = str(uuid.uuid5(uuid.NAMESPACE_OID, f"{old.uid}/{serial}"))
+        new = dataclasses.replace(
+            old,
+            uid=uid,
+            containers=tuple(
+                dataclasses.replace(container, container_id=fake_container_id(f"{uid}/{index}"))
+                for index, container in enumerate(old.containers)
+            ),
+        )
+        shutil.rmtree(self.cgroup_root / pod_relative_dir("systemd", old))
+        shutil.rmtree(self.kubelet_root / "pods" / old.uid)
+        shutil.rmtree(self._pod_log_dir(pod_index, old))
+        for index, container in enumerate(old.containers):
+            self._container_log_link(pod_index, index, container).unlink()
+        self.pods = (*self.pods[:pod_index], new, *self.pods[pod_index + 1 :])
+        self._renamed[pod_index] = f"pod-{pod_index:04d}-{serial}"
+        written = self.cgroup_pods(generation)[pod_index]
+        write_cgroup_tree(self.cgroup_root, "v2", "systemd", [written], nodes=range(self.spec.numa_nodes))
+        self._write_pod_directory(pod_index)
+        return new
+
+    def _pod_log_dir(self, pod_index: int, pod: FakePod) -> Path:
+        return self.pod_logs_root / f"{self.spec.namespace}_{self.pod_name(pod_index)}_{pod.uid}"
+
+    def _container_log_link(self, pod_index: int, index: int, container: FakeContainer) -> Path:
+        name = f"{self.pod_name(pod_index)}_{self.spec.namespace}_{container_name(index)}"
+        return self.container_logs_root / f"{name}-{container.container_id}.log"
+
+    def _write_pod_directory(self, pod_index: int) -> None:
+        """``pods/<uid>/containers/<name>``, ``<pod-logs>/<ns>_<pod>_<uid>/<name>/0.log`` and the
+        ``<container-logs>/<pod>_<ns>_<name>-<id>.log`` links, as the kubelet lays them out."""
+        pod = self.pods[pod_index]
+        log_dir = self._pod_log_dir(pod_index, pod)
+        for index, container in enumerate(pod.containers):
+            name = container_name(index)
+            (self.kubelet_root / "pods" / pod.uid / "containers" / name).mkdir(parents=True)
+            (log_dir / name).mkdir(parents=True)
+            log_file = log_dir / name / "0.log"
+            log_file.write_text("")
+            os.symlink(log_file, self._container_log_link(pod_index, index, container))
+
     def write_cgroup_usage(self, generation: int) -> None:
         """Rewrite every container's ``memory.numa_stat`` and ``cpu.stat`` with ``generation``'s values
         (in place, as the kernel's files change; cpusets and the rest of the tree stay)."""
@@ -613,20 +669,8 @@ def large_node_at(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode:
 
 
 def _write_pod_directories(node: LargeNode) -> None:
-    """``pods/<uid>/containers/<name>``, ``<pod-logs>/<ns>_<pod>_<uid>/<name>/0.log`` and the
-    ``<container-logs>/<pod>_<ns>_<name>-<id>.log`` links, as the kubelet lays them out."""
-    namespace = node.spec.namespace
-    for pod_index, pod in enumerate(node.pods):
-        pod_name = node.pod_name(pod_index)
-        log_dir = node.pod_logs_root / f"{namespace}_{pod_name}_{pod.uid}"
-        for index, container in enumerate(pod.containers):
-            name = container_name(index)
-            (node.kubelet_root / "pods" / pod.uid / "containers" / name).mkdir(parents=True)
-            (log_dir / name).mkdir(parents=True)
-            log_file = log_dir / name / "0.log"
-            log_file.write_text("")
-            link = node.container_logs_root / f"{pod_name}_{namespace}_{name}-{container.container_id}.log"
-            os.symlink(log_file, link)
+    for pod_index in range(len(node.pods)):
+        node._write_pod_directory(pod_index)
 
 
 def _write_cgroups(node: LargeNode, numa_ids: Sequence[int]) -> None:

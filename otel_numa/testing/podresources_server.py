@@ -16,7 +16,8 @@ In a separate process (prints ``ready`` once it listens; SIGTERM stops it)::
     python -m otel_numa.testing.podresources_server --socket /tmp/x/kubelet.sock --state state.json
 
 where ``state.json`` is ``{"pods": [<PodResources in protobuf JSON>], "allocatable":
-<AllocatableResourcesResponse in protobuf JSON>}``.
+<AllocatableResourcesResponse in protobuf JSON>}``; with ``--reload`` the file is read again at the next
+call after it was replaced (a benchmark's pod churn).
 """
 
 from __future__ import annotations
@@ -198,12 +199,30 @@ def main() -> None:
     parser.add_argument("--state", type=Path, help="JSON file with pods and allocatable")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds each call waits first")
     parser.add_argument("--allocatable-unimplemented", action="store_true")
+    parser.add_argument("--reload", action="store_true", help="read --state again when it was replaced")
     args = parser.parse_args()
 
     state = load_state(args.state) if args.state else PodResourcesState()
     state.delay_s = args.delay
     state.allocatable_unimplemented = args.allocatable_unimplemented
-    run_until_signalled(PodResourcesServer(args.socket, state))
+    server = PodResourcesServer(args.socket, state)
+    if args.reload and args.state:
+        server.on_call = _reloading(server, args.state)
+    run_until_signalled(server)
+
+
+def _reloading(server: PodResourcesServer, path: Path) -> Callable[[str], None]:
+    """Reads ``path`` again into the server's pods and allocatable when its inode or mtime changed."""
+    seen = [path.stat()]
+
+    def reload(_method: str) -> None:
+        status = path.stat()
+        if (status.st_ino, status.st_mtime_ns) != (seen[0].st_ino, seen[0].st_mtime_ns):
+            seen[0] = status
+            fresh = load_state(path)
+            server.state.pods, server.state.allocatable = fresh.pods, fresh.allocatable
+
+    return reload
 
 
 if __name__ == "__main__":
