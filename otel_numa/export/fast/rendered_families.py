@@ -3,11 +3,13 @@
 prometheus_client renders every sample of every family on every scrape. The agent's page keeps each
 family's last text; a family with the same series and values is served as it was, and one with the same
 series and new values gets the new numbers written into its text (in prometheus_client's own number
-format). Anything else is rendered by prometheus_client's public encoders, one family at a time, so the
-page is byte for byte what they write. It requires ``reused_translations`` (it renders the families that
-patch keeps), relies on two unpromised shapes of prometheus_client (its number format helper and the form of
-:func:`choose_encoder`'s answer), and serves only the agent's own page app (:func:`page_app`);
-prometheus_client's module functions are left as they are.
+format). A family of one line per series whose series came and went (a pod replaced) keeps the lines of
+the series it still has and renders only the new series' lines. Anything else is rendered by
+prometheus_client's public encoders, one family at a time, so the page is byte for byte what they write.
+It requires ``reused_translations`` (it renders the families that patch keeps), relies on two unpromised
+shapes of prometheus_client (its number format helper and the form of :func:`choose_encoder`'s answer),
+and serves only the agent's own page app (:func:`page_app`); prometheus_client's module functions are left
+as they are.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from otel_numa.export.fast.patch import Patch
-from otel_numa.export.fast.reused_translations import OneFamily, SeriesRecipe, ValuesFamily, plain_sample
+from otel_numa.export.fast.reused_translations import (
+    OneFamily,
+    SeriesRecipe,
+    ValuesFamily,
+    _one_sample_per_point,
+    _sample_lines,
+    keys_of,
+    plain_sample,
+)
 
 _EOF = b"# EOF\n"
 _NEWLINE, _COMMENT = ord("\n"), ord("#")
@@ -99,6 +109,8 @@ class RenderedFamilies:
         for family in registry.collect():
             known = last.get(family.name)
             rendered = _again(known, family) if known is not None else None
+            if rendered is None and known is not None and isinstance(family, ValuesFamily):
+                rendered = _with_new_series(known, family, render)
             if rendered is None:
                 rendered = _rendered(family, render)
             now[family.name] = rendered
@@ -124,6 +136,76 @@ def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
     if known.value_starts is not None and known.family is not None and _same_series(known.family, family):
         return _with_new_values(known, tuple([sample.value for sample in family.samples]), family)
     return None
+
+
+def _with_new_series(
+    known: _RenderedFamily, family: ValuesFamily, render: Callable[[OneFamily], bytes]
+) -> _RenderedFamily | None:
+    """``family``'s text from ``known``'s, when both are one plain line per series of the same family: the
+    lines of the series ``known`` has (found by their attribute mappings, the same objects while a series
+    lives) with the new values, the new series' lines rendered through the library. None otherwise."""
+    before, recipe, values = known.recipe, family.recipe, family.values
+    if before is None or known.value_starts is None or not before.same_family(recipe):
+        return None
+    where = {id(attributes): index for index, attributes in enumerate(before.attributes)}
+    new = [index for index, attributes in enumerate(recipe.attributes) if id(attributes) not in where]
+    new_lines: list[bytes] = []
+    if new:
+        attributes = [recipe.attributes[index] for index in new]
+        some_values = [values[index] for index in new]
+        # series kept only for their keys, so that the family rendered has all the keys of the whole
+        for index, anchor in _anchors(recipe, attributes):
+            attributes.append(anchor)
+            some_values.append(values[index])
+        made = recipe.family_of(tuple(attributes), tuple(some_values))
+        if not _one_sample_per_point((("", made),), tuple(some_values)):
+            return None
+        lines = _sample_lines(render(OneFamily(made)))
+        new_lines = lines.splitlines(keepends=True)[: len(new)]
+        if len(new_lines) != len(new) or not lines.endswith(b"\n"):
+            return None
+    text, starts = known.text, known.value_starts
+    line_starts = array("i", [_header_end(text)])  # each known sample line's start
+    for start in starts[:-1]:
+        line_starts.append(text.index(b"\n", start) + 1)
+    parts: list[bytes] = [text[: line_starts[0]]]
+    value_starts = array("i")
+    written = line_starts[0]
+    added = iter(new_lines)
+    for attributes, value in zip(recipe.attributes, values, strict=True):
+        at = where.get(id(attributes))
+        if at is None or before.attributes[at] is not attributes:
+            line = next(added)
+            head = line[: line.rindex(b" ") + 1]
+        else:
+            head = text[line_starts[at] : starts[at]]
+        number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
+        parts += (head, number, b"\n")
+        value_starts.append(written + len(head))
+        written += len(head) + len(number) + 1
+    return _RenderedFamily(*_kept(b"".join(parts)), value_starts, recipe, values, None)
+
+
+def _anchors(recipe: SeriesRecipe, new: list[Any]) -> list[tuple[int, Any]]:
+    """Some of ``recipe``'s series (index, attributes) that, beside the ``new`` ones, hold every key of
+    the recipe's series; none when the new ones hold them all."""
+    missing = set(recipe.keys) - keys_of(tuple(new))
+    anchors: list[tuple[int, Any]] = []
+    for index, attributes in enumerate(recipe.attributes):
+        if not missing:
+            break
+        if missing.intersection(attributes or ()):
+            anchors.append((index, attributes))
+            missing.difference_update(attributes or ())
+    return anchors
+
+
+def _header_end(text: bytes) -> int:
+    """Where a family's text's comment lines (HELP, TYPE, UNIT) end."""
+    at = 0
+    while text.startswith(b"#", at):
+        at = text.index(b"\n", at) + 1
+    return at
 
 
 def _rendered(family: Any, render: Callable[[OneFamily], bytes]) -> _RenderedFamily:

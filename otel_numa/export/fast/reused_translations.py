@@ -17,6 +17,7 @@ once (otel_numa.export.fast.rendered_families writes new values into the last te
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -60,7 +61,11 @@ class SeriesRecipe:
     def family(self, values: tuple[Any, ...], start: int = 0) -> Any:
         """The family the exporter makes from these series with ``values``, or from the ones from ``start``
         on, as many as ``values``."""
-        attributes = self.attributes[start : start + len(values)]
+        return self.family_of(self.attributes[start : start + len(values)], values)
+
+    def family_of(self, attributes: tuple[Any, ...], values: tuple[Any, ...]) -> Any:
+        """The family the exporter makes from series of these attributes (some of this recipe's, in any
+        order) with ``values``."""
         points = [
             NumberDataPoint(attributes=each, start_time_unix_nano=0, time_unix_nano=0, value=value)
             for each, value in zip(attributes, values, strict=True)
@@ -68,6 +73,23 @@ class SeriesRecipe:
         families: dict[str, Any] = {}
         self.translate(_with_points(self.metric, points), self.scope_attrs, self.resource_attrs, families)
         return families[self.family_id]
+
+    @functools.cached_property
+    def keys(self) -> frozenset[str]:
+        """The attribute keys of all its series: the exporter labels every sample with each of them (""
+        where a series lacks one), so a series' sample line depends on them and its own attributes."""
+        return keys_of(self.attributes)
+
+    def same_family(self, other: SeriesRecipe) -> bool:
+        """Whether ``other`` makes the same family from other series, the sample line of a series being
+        the same in both: the same metric, scope and resource, and the same attribute keys in all."""
+        return bool(
+            self.family_id == other.family_id
+            and self.keys == other.keys
+            and self.metric == other.metric
+            and self.scope_attrs == other.scope_attrs
+            and self.resource_attrs == other.resource_attrs
+        )
 
     def render(self, values: tuple[Any, ...], render: Callable[[OneFamily], bytes]) -> bytes | None:
         """The family's text, rendered a slice of series at a time: the first slice's whole, the sample
@@ -82,6 +104,20 @@ class SeriesRecipe:
             text = render(OneFamily(family))
             parts.append(text if start == 0 else _sample_lines(text))
         return b"".join(parts)
+
+
+def keys_of(attributes: tuple[Any, ...]) -> frozenset[str]:
+    keys: set[str] = set()
+    seen: set[int] = set()  # SeriesAttributes of one instrument share one keys tuple
+    for each in attributes:
+        if type(each) is SeriesAttributes:
+            of = tuple.__getitem__(each, 0)
+            if id(of) not in seen:
+                seen.add(id(of))
+                keys.update(of)
+        else:
+            keys.update(each or ())
+    return frozenset(keys)
 
 
 def _with_points(metric: Any, points: list[Any]) -> Any:
@@ -300,7 +336,17 @@ def page_differs(
     from prometheus_client import CollectorRegistry, generate_latest
 
     public_encoder = encoder if encoder is not None else generate_latest
-    rounds = [[(1, "a"), (2, "b")], [(1, "a"), (2, "b")], [(3, "a"), (2, "b")], [(3, "a")]]
+    # a value that changes, a series that goes, series that come (one with a key the others lack)
+    rounds = [
+        [(1, "a"), (2, "b")],
+        [(1, "a"), (2, "b")],
+        [(3, "a"), (2, "b")],
+        [(3, "a")],
+        [(3, "a"), (4, "c")],
+        [(3, "a"), (4, "c"), (5, "d+")],
+        [(6, "e"), (3, "a"), (5, "d+")],
+        [(6, "e"), (7, "f")],
+    ]
     pages: list[list[bytes]] = []
     for patched in (False, True):
         registry = CollectorRegistry(auto_describe=False)
@@ -311,7 +357,10 @@ def page_differs(
         state: list[tuple[int, str]] = []
 
         def observe(_options: CallbackOptions, state: list[tuple[int, str]] = state) -> list[Observation]:
-            return [Observation(value, {"k8s.pod.uid": uid}) for value, uid in state]
+            return [
+                Observation(value, {"k8s.pod.uid": uid, **({"k8s.pod.name": uid} if "+" in uid else {})})
+                for value, uid in state
+            ]
 
         try:
             meter = provider.get_meter("otel_numa.check")
