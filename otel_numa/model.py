@@ -429,6 +429,17 @@ class DraClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class DraDriverRecord:
+    """What a DRA CPU or memory driver wrote for one claim into its CDI device's environment
+    (``DRA_CPUSET_<claim UID>``, ``DRAMEMORY_<claim UID>_<resource>``)."""
+
+    # the claim's CPUs; None: no cpuset given (``dynamic``, missing, or not a cpuset), so the CPUs are the
+    # effective cpuset of the containers that use the claim
+    cpus: frozenset[int] | None = None
+    memory: tuple[ContainerMemory, ...] = ()  # memory and hugepages blocks, each on its NUMA node
+
+
+@dataclass(frozen=True, slots=True)
 class DraManagerState:
     """A verified DRA manager checkpoint: the prepared resource claims."""
 
@@ -510,6 +521,10 @@ class KubeletState:
     # podresources' answer joined to UIDs (see otel_numa.accounting.join); where it disagrees with a
     # checkpoint it wins
     podresources: JoinedPodResources | None = None
+    # what DRA CPU and memory drivers gave each claim, by the claim's CDI device name
+    dra_records: Mapping[str, DraDriverRecord] = field(default_factory=dict)
+    # (pod uid, container) -> effective CPUs, for the containers of DRA CPU claims that name no cpuset
+    kernel_cpus: Mapping[tuple[str, str], frozenset[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +548,12 @@ class ContainerAllocation:
     pinned_nodes: frozenset[int] = frozenset()
     # True when a device of the container could not be placed this round: its alignment is not known
     alignment_unknown: bool = False
+    # what is recorded for it, compared with its cgroup: its exclusive CPUs (cpu manager, podresources,
+    # DRA CPU claims) and the NUMA nodes of its memory (memory manager blocks, DRA memory claims)
+    cpu_ids: frozenset[int] = frozenset()
+    memory_nodes: frozenset[int] = frozenset()
+    # some of its CPUs are its effective cpuset (a DRA CPU claim with no cpuset): no record to compare
+    cpus_from_kernel: bool = False
 
     @property
     def aligned(self) -> bool | None:
@@ -614,3 +635,8 @@ class ContainerUsage:
     intended_nodes: frozenset[int] | None  # None: not confined, so no locality
     locality: float | None
     cpu_time_by_node: Mapping[int, float] = field(default_factory=dict)
+    cpus: frozenset[int] | None = None  # the effective CPUs; None when unknown
+    # whether the recorded exclusive CPUs (memory nodes) differ from the effective cpuset (mems); None: no
+    # record, or no effective cpuset this round
+    cpu_mismatch: bool | None = None
+    memory_mismatch: bool | None = None

@@ -11,6 +11,7 @@ from otel_numa.accounting.dra import (
     pod_allocations,
     with_pinned_nodes,
 )
+from otel_numa.accounting.dra_claims import ClaimTotals, claim_totals, memory_totals_with_claims
 from otel_numa.model import (
     NO_NUMA,
     Allocation,
@@ -25,6 +26,7 @@ from otel_numa.model import (
     JoinedPodResources,
     KubeletState,
     Topology,
+    shared_set,
 )
 
 
@@ -81,9 +83,11 @@ def compute_allocation(
     """Per-NUMA and per-container allocation; quantities that cannot be known stay ``None``.
 
     With a podresources answer the per-NUMA CPU and device totals are computed once, over both sources
-    (:func:`apply_podresources`); without one, from the checkpoints alone.
+    (:func:`apply_podresources`); without one, from the checkpoints alone. CPUs and memory of DRA CPU and
+    memory drivers' claims count as CPUs and memory (:mod:`otel_numa.accounting.dra_claims`).
     """
     live = is_live(state)
+    claims = claim_totals(state, live)
     containers: dict[tuple[str, str], _ContainerTotals] = {}
 
     def totals(uid: str, name: str) -> _ContainerTotals:
@@ -92,7 +96,7 @@ def compute_allocation(
             containers[key] = _ContainerTotals()
         return containers[key]
 
-    cpu_allocated = _cpu_allocated(state, topology, live, totals)
+    cpu_allocated = _cpu_allocated(state, topology, live, totals, claims)
     memory = _memory_allocation(state, live, totals)
     device_allocated = _device_allocated(state, live, totals)
 
@@ -121,8 +125,16 @@ def compute_allocation(
             containers=tuple(replace(c, alignment_unknown=True) for c in allocation.containers),
         )
     if state.podresources is not None:
-        allocation = apply_podresources(allocation, state, topology)
-    return replace(allocation, pods=pod_allocations(state, topology, live))
+        allocation = apply_podresources(allocation, state, topology, claims)
+    memory_allocated, hugepages_allocated = memory_totals_with_claims(
+        allocation.memory_allocated, allocation.hugepages_allocated, claims, topology
+    )
+    return replace(
+        allocation,
+        memory_allocated=memory_allocated,
+        hugepages_allocated=hugepages_allocated,
+        pods=pod_allocations(state, topology, live),
+    )
 
 
 @dataclass
@@ -132,9 +144,18 @@ class _ContainerTotals:
     hugepages: dict[HugepageKey, int] = field(default_factory=dict)
     devices: dict[DeviceKey, int] = field(default_factory=dict)
     memory_nodes: set[int] = field(default_factory=set)  # every node of its memory blocks' affinities
+    cpu_ids: frozenset[int] = frozenset()
 
     def freeze(self, ref: ContainerRef) -> ContainerAllocation:
-        found = ContainerAllocation(ref, self.cpus, self.memory, self.hugepages, self.devices)
+        found = ContainerAllocation(
+            ref,
+            self.cpus,
+            self.memory,
+            self.hugepages,
+            self.devices,
+            cpu_ids=shared_set(self.cpu_ids),
+            memory_nodes=shared_set(self.memory_nodes),
+        )
         return with_pinned_nodes(found, self.memory_nodes)
 
 
@@ -158,6 +179,7 @@ def _cpu_allocated(
     topology: Topology,
     live: Callable[[str], bool],
     totals: Callable[[str, str], _ContainerTotals],
+    claims: ClaimTotals,
 ) -> dict[int, int] | None:
     if state.cpu is None:
         return None
@@ -168,10 +190,14 @@ def _cpu_allocated(
         for container, cpus in by_container.items():
             per_node = {numa: count for numa, count in cpus_per_node(cpus, topology).items() if count}
             if per_node:
-                totals(owner, container).cpus.update(per_node)
+                container_totals = totals(owner, container)
+                container_totals.cpus.update(per_node)
+                container_totals.cpu_ids = cpus
     if state.podresources is not None:
         return None  # apply_podresources counts them once, over both sources
-    return cpus_per_node(exclusive_cpus(state.cpu, live), topology)
+    if claims.cpus is None:
+        return None  # a DRA CPU claim whose CPUs cannot be told this round
+    return cpus_per_node(exclusive_cpus(state.cpu, live) | claims.cpus, topology)
 
 
 _HUGEPAGES_PREFIX = "hugepages-"
@@ -301,9 +327,16 @@ def _container_from_api(
         elif block.memory_type.startswith(_HUGEPAGES_PREFIX):
             hugepages[(numa, kind)] = hugepages.get((numa, kind), 0) + block.size
     spans = [numa for block in container.memory for numa in block.numa_ids]
-    return with_pinned_nodes(
-        ContainerAllocation(ref, cpus, memory, hugepages, device_counts(container.devices)), spans
+    found = ContainerAllocation(
+        ref,
+        cpus,
+        memory,
+        hugepages,
+        device_counts(container.devices),
+        cpu_ids=container.cpu_ids,
+        memory_nodes=shared_set(spans),
     )
+    return with_pinned_nodes(found, spans)
 
 
 def _has_any(allocation: ContainerAllocation) -> bool:
@@ -331,17 +364,22 @@ def _disagrees(
     )
 
 
-def apply_podresources(allocation: Allocation, state: KubeletState, topology: Topology) -> Allocation:
+def apply_podresources(
+    allocation: Allocation, state: KubeletState, topology: Topology, claims: ClaimTotals | None = None
+) -> Allocation:
     """Let podresources win over the checkpoints.
 
     The containers of every joined pod come from its answer; per-NUMA CPU and device totals are recomputed
-    over both (checkpoint entries of joined pods replaced, unjoined pods' CPUs and devices included);
-    per-NUMA allocatable memory and hugepages come from GetAllocatableResources when the memory manager
-    gives none. Containers whose checkpoint allocation differs are listed in ``disagreements``.
+    over both (checkpoint entries of joined pods replaced, unjoined pods' CPUs and devices included, DRA
+    CPU claims' CPUs too); per-NUMA allocatable memory and hugepages come from GetAllocatableResources when
+    the memory manager gives none. Containers whose checkpoint allocation differs are listed in
+    ``disagreements``.
     """
     joined = state.podresources
     assert joined is not None
     live = is_live(state)
+    if claims is None:
+        claims = claim_totals(state, live)
 
     from_api: dict[tuple[str, str], ContainerAllocation] = {}
     for uid, pod in joined.by_uid.items():
@@ -385,13 +423,15 @@ def apply_podresources(allocation: Allocation, state: KubeletState, topology: To
 
     return Allocation(
         cpu_allocatable=allocation.cpu_allocatable,
-        cpu_allocated=cpus_per_node(frozenset(exclusive), topology),
+        cpu_allocated=(
+            cpus_per_node(frozenset(exclusive) | claims.cpus, topology) if claims.cpus is not None else None
+        ),
         memory_allocatable=memory_allocatable,
         memory_allocated=allocation.memory_allocated,
         hugepages_allocatable=hugepages_allocatable,
         hugepages_allocated=allocation.hugepages_allocated,
         device_capacity=allocation.device_capacity,
         device_allocated=dra_totals(device_counts(device_groups), joined.all_pods, state, live),
-        containers=add_dra_devices(containers, joined, state),
+        containers=add_dra_devices(containers, joined, state, topology),
         disagreements=disagreements,
     )

@@ -6,6 +6,8 @@
 - Pod-level exclusive CPUs and memory (podresources' pod fields, the checkpoints' ``podEntries``) are shown
   per pod; the per-NUMA totals take a union of CPU sets, so a CPU held by a pod and its container is
   counted once.
+- CPUs and memory of DRA CPU and memory drivers' claims are CPUs and memory, never devices
+  (:mod:`otel_numa.accounting.dra_claims`): a container's claims add to its CPUs and memory.
 - A container is aligned when all its NUMA-pinned resources lie on one node.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from otel_numa.accounting.dra_claims import ClaimUse, add_blocks, claim_use, counts_as_device
 from otel_numa.model import (
     NO_NUMA,
     ContainerAllocation,
@@ -28,6 +31,7 @@ from otel_numa.model import (
     PodAllocation,
     PodResources,
     Topology,
+    shared_set,
 )
 
 
@@ -61,12 +65,13 @@ def dra_totals(
     for pod in pods:
         for container in pod.containers:
             for claim in container.dynamic_resources:
-                devices.update((device.key, device) for device in claim.devices)
+                devices.update((device.key, device) for device in claim.devices if counts_as_device(device))
     if state.dra is not None:
         for dra_claim in state.dra.claims:
             if any(live(uid) for uid in dra_claim.pod_uids):
                 for device in dra_claim.devices:
-                    devices.setdefault(device.key, device)
+                    if counts_as_device(device):
+                        devices.setdefault(device.key, device)
     totals = dict(counts)
     for key, device in devices.items():
         total_key = (_numa(state, device), key[0])
@@ -80,18 +85,26 @@ def add_dra_devices(
     containers: tuple[ContainerAllocation, ...],
     joined: JoinedPodResources,
     state: KubeletState,
+    topology: Topology | None = None,
 ) -> tuple[ContainerAllocation, ...]:
-    """The containers with the DRA devices podresources lists for them: 1 per device per container."""
+    """The containers with the DRA devices podresources lists for them (1 per device per container), and
+    the CPUs and memory of their CPU and memory claims (with ``topology``)."""
     by_key = {(c.container.pod_uid, c.container.container_name): c for c in containers}
     changed = False
     for uid, pod in joined.by_uid.items():
         for container in pod.containers:
-            devices = {
-                device.key: device for claim in container.dynamic_resources for device in claim.devices
-            }
-            if not devices:
+            if not container.dynamic_resources:
                 continue
             key = (uid, container.name)
+            devices = {
+                device.key: device
+                for claim in container.dynamic_resources
+                for device in claim.devices
+                if counts_as_device(device)
+            }
+            use = claim_use(container.dynamic_resources, state, key) if topology is not None else None
+            if not devices and (use is None or use.empty):
+                continue
             found = by_key.get(key) or ContainerAllocation(
                 ContainerRef(uid, container.name, pod.name, pod.namespace)
             )
@@ -102,11 +115,31 @@ def add_dra_devices(
                 counts[count_key] = counts.get(count_key, 0) + 1
             if unknown:  # this container's series of such a driver are unknown, not wrong
                 counts = {count_key: n for count_key, n in counts.items() if count_key[1] not in unknown}
+            found = replace(found, devices=counts)
+            if use is not None and topology is not None:
+                found = _with_claims(found, use, topology)
             spans = [numa for block in container.memory for numa in block.numa_ids]
-            pinned = with_pinned_nodes(replace(found, devices=counts), [*found.pinned_nodes, *spans])
-            by_key[key] = replace(pinned, alignment_unknown=bool(unknown))
+            pinned = with_pinned_nodes(found, [*found.pinned_nodes, *spans, *found.memory_nodes])
+            claims_unknown = use is not None and use.unknown
+            by_key[key] = replace(pinned, alignment_unknown=bool(unknown) or claims_unknown)
             changed = True
     return tuple(c for _key, c in sorted(by_key.items())) if changed else containers
+
+
+def _with_claims(found: ContainerAllocation, use: ClaimUse, topology: Topology) -> ContainerAllocation:
+    """``found`` with its CPU and memory claims: CPUs a union with its own, memory blocks added."""
+    cpu_ids = found.cpu_ids | use.cpus
+    memory, hugepages = dict(found.memory_bytes), dict(found.hugepages_bytes)
+    add_blocks(use.memory, memory, hugepages)
+    return replace(
+        found,
+        cpus=_cpus_per_node(frozenset(cpu_ids), topology),
+        memory_bytes=memory,
+        hugepages_bytes=hugepages,
+        cpu_ids=shared_set(cpu_ids),
+        memory_nodes=shared_set(found.memory_nodes | use.memory_nodes),
+        cpus_from_kernel=found.cpus_from_kernel or use.cpus_from_kernel,
+    )
 
 
 def _cpus_per_node(cpus: frozenset[int], topology: Topology) -> dict[int, int]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from otel_numa.accounting.kernel_view import cpu_mismatch, memory_mismatch
 from otel_numa.model import (
     NO_NUMA,
     Allocation,
@@ -164,7 +165,8 @@ def join_usage(
     as the runtime); a container without a name (sandboxes have none) is left out, because the kubelet's
     allocation and every per-container series key containers by name. ``cpu_time`` is keyed by container id.
     A cgroup of a pod the kubelet no longer has (``live_pods``, when known) is left out too: it is being
-    torn down, and its pod's other series are gone already.
+    torn down, and its pod's other series are gone already. Each container's record (its allocation) is
+    compared with its effective cpusets (:mod:`otel_numa.accounting.kernel_view`).
     """
     allocations = {(c.container.pod_uid, c.container.container_name): c for c in allocation.containers}
     joined: dict[tuple[str, str], ContainerUsage] = {}
@@ -176,7 +178,8 @@ def join_usage(
         key = (ref.pod_uid, ref.container_name)
         if key in joined:  # a restart caught mid-way: keep one, so attribute sets stay unique
             continue
-        intended = intended_nodes(allocated_nodes(allocations.get(key)), usage.mems, usage.cpus, machine)
+        recorded = allocations.get(key)
+        intended = intended_nodes(allocated_nodes(recorded), usage.mems, usage.cpus, machine)
         split = cpu_time.get(usage.container_id)
         joined[key] = ContainerUsage(
             container=ref,
@@ -187,6 +190,9 @@ def join_usage(
             intended_nodes=intended,
             locality=memory_locality(resident_by_node(usage.memory_by_type, layout), intended),
             cpu_time_by_node=split.by_node if split is not None else {},
+            cpus=usage.cpus,
+            cpu_mismatch=cpu_mismatch(recorded, usage.cpus),
+            memory_mismatch=memory_mismatch(recorded, usage.mems),
         )
     return tuple(joined[key] for key in sorted(joined))
 

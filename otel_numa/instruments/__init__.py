@@ -20,6 +20,10 @@ def _container_usage(snapshot: Snapshot) -> object:
     return snapshot.container_usage
 
 
+def _cpu_pinned(snapshot: Snapshot) -> object:
+    return snapshot.cpu_pinned
+
+
 def observers(
     node_name: str, fast_path: bool = False, pushes: health.Pushes | None = None
 ) -> Mapping[str, tuple[Observe, Part | None]]:
@@ -31,6 +35,7 @@ def observers(
         (allocation.OBSERVERS, _allocation),
         (enrichment.OBSERVERS, _allocation),
         (container_usage.OBSERVERS, _container_usage),
+        (container_usage.PINNED_OBSERVERS, _cpu_pinned),
         (health.OBSERVERS, None),
         (health.fast_path_observers(fast_path), None),
         (health.export_observers(pushes) if pushes is not None else {}, None),

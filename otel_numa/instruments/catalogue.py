@@ -30,7 +30,7 @@ class MetricGroup(enum.StrEnum):
     USAGE = "usage"  # cpu time, memory used/free, free hugepages, numastat
     ALLOCATION = "allocation"  # per-NUMA allocatable/allocated from the kubelet
     CONTAINERS = "containers"  # per-container series (the cardinality driver)
-    CONTAINER_USAGE = "container_usage"  # per-container NUMA usage and locality from cgroups
+    CONTAINER_USAGE = "container_usage"  # per-container NUMA usage, locality and pinning from cgroups
     HEALTH = "health"  # the agent's own source errors, data age and read durations
     COMPAT = "compat"  # numainfo_exporter's series: on with --compat numainfo, never by default
 
@@ -41,13 +41,14 @@ GROUP_MEANINGS: dict[MetricGroup, str] = {
     MetricGroup.USAGE: "CPU time, memory used/free, free hugepages, numastat",
     MetricGroup.ALLOCATION: "per-NUMA allocatable/allocated from the kubelet",
     MetricGroup.CONTAINERS: "per-container series, the cardinality driver (container_usage with it)",
-    MetricGroup.CONTAINER_USAGE: "per-container NUMA usage and locality from cgroups",
+    MetricGroup.CONTAINER_USAGE: "per-container NUMA usage, locality and the kernel's pinning, from cgroups",
     MetricGroup.HEALTH: "the agent's own source errors, data age, read durations and process cost",
     MetricGroup.COMPAT: "numainfo_exporter's series, on only with --compat numainfo",
 }
 
 
 KUBELET_STATE = (Source.CPU_MANAGER, Source.MEMORY_MANAGER, Source.DEVICE_MANAGER, Source.PODRESOURCES)
+DRA_RECORDS = (Source.DRA_MANAGER, Source.CDI)  # DRA claims, and what their drivers wrote into CDI specs
 POD_CONTAINER = ("k8s.pod.uid", "k8s.container.name", "k8s.pod.name", "k8s.namespace.name")
 _POD = ("k8s.pod.uid", "k8s.pod.name", "k8s.namespace.name")
 NUMA_ID = "numa.node.id"
@@ -228,10 +229,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "{cpu}",
         G.ALLOCATION,
-        [S.SYSFS, *KUBELET_STATE],
-        "Exclusive CPUs of live containers (cpu manager).",
-        meaning="exclusive CPUs of live containers (cpu manager static policy); 0 when the checkpoint "
-        "says none",
+        [S.SYSFS, *KUBELET_STATE, *DRA_RECORDS],
+        "Exclusive CPUs of live containers and pods as recorded (cpu manager, DRA CPU drivers).",
+        meaning="exclusive CPUs of live containers and pods as recorded: the cpu manager (static policy), "
+        "pod-level entries, claims of DRA CPU drivers (`dra.cpu`); 0 when the records say none",
     ),
     _m(
         "numa.memory.allocatable",
@@ -247,9 +248,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "By",
         G.ALLOCATION,
-        [S.MEMORY_MANAGER],
+        [S.MEMORY_MANAGER, S.PODRESOURCES, *DRA_RECORDS],
         "Memory the memory manager reserved for containers.",
-        meaning="memory manager machine state, `memory` reserved for containers",
+        meaning="memory manager machine state, `memory` reserved for containers, plus claims of a DRA memory "
+        "driver (`dra.memory`)",
     ),
     _m(
         "numa.hugepages.allocatable",
@@ -266,10 +268,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "By",
         G.ALLOCATION,
-        [S.MEMORY_MANAGER],
+        [S.MEMORY_MANAGER, S.PODRESOURCES, *DRA_RECORDS],
         "Hugepages the memory manager reserved for containers.",
         attributes=(NUMA_ID, "k8s.hugepage.size"),
-        meaning="memory manager, `hugepages-<size>` reserved",
+        meaning="memory manager, `hugepages-<size>` reserved, plus claims of a DRA memory driver",
     ),
     _m(
         "numa.device.capacity",
@@ -299,30 +301,30 @@ METRICS: tuple[MetricSpec, ...] = (
         "updown",
         "{cpu}",
         G.CONTAINERS,
-        [S.SYSFS, *KUBELET_STATE],
+        [S.SYSFS, *KUBELET_STATE, *DRA_RECORDS],
         "Exclusive CPUs of the container on the NUMA node.",
         attributes=_CONTAINER_NUMA,
-        meaning="the container's exclusive CPUs on the node",
+        meaning="the container's exclusive CPUs on the node (cpu manager, DRA CPU claims)",
     ),
     _m(
         "numa.container.memory.allocated",
         "updown",
         "By",
         G.CONTAINERS,
-        [S.MEMORY_MANAGER, S.PODRESOURCES],
+        [S.MEMORY_MANAGER, S.PODRESOURCES, *DRA_RECORDS],
         "Memory the memory manager reserved for the container on the NUMA node.",
         attributes=_CONTAINER_NUMA,
-        meaning="memory manager blocks of the container",
+        meaning="memory manager blocks of the container, and its DRA memory claims",
     ),
     _m(
         "numa.container.hugepages.allocated",
         "updown",
         "By",
         G.CONTAINERS,
-        [S.MEMORY_MANAGER, S.PODRESOURCES],
+        [S.MEMORY_MANAGER, S.PODRESOURCES, *DRA_RECORDS],
         "Hugepages the memory manager reserved for the container on the NUMA node.",
         attributes=(*_CONTAINER_NUMA, "k8s.hugepage.size"),
-        meaning="memory manager hugepage blocks of the container",
+        meaning="memory manager hugepage blocks of the container, and its DRA hugepages claims",
     ),
     _m(
         "numa.container.device.allocated",
@@ -393,6 +395,30 @@ METRICS: tuple[MetricSpec, ...] = (
         meaning="1 per container: the nodes of its effective CPUs, of its effective `cpuset.mems`, and "
         "those its locality refers to (comma lists such as `0,1`)",
         parts=[P.MEMORY],
+    ),
+    # the kernel's view beside the records (cgroups) ------------------------------------------------------
+    _m(
+        "numa.cpu.pinned",
+        "updown",
+        "{cpu}",
+        G.CONTAINER_USAGE,
+        [S.SYSFS, S.CGROUP],
+        "CPUs of the NUMA node that exactly one pod's containers may run on (effective cpusets).",
+        meaning="the kernel's view (cgroup `cpuset.cpus.effective` of every container): CPUs of the node "
+        "that exactly one pod's containers may run on, whoever pinned them (the cpu manager, a DRA CPU "
+        "driver, an NRI resource policy); absent without cgroups",
+    ),
+    _m(
+        "numa.container.allocation.mismatch",
+        "gauge",
+        "1",
+        G.CONTAINER_USAGE,
+        [S.SYSFS, S.CGROUP, *KUBELET_STATE, *DRA_RECORDS],
+        "1 when the container's recorded exclusive CPUs (memory nodes) differ from its effective cpuset.",
+        attributes=(*POD_CONTAINER, "numa.resource.kind"),
+        meaning="`numa.resource.kind` = `cpu`: 1 when the recorded exclusive CPUs differ from the cgroup's "
+        "effective `cpuset.cpus`, 0 when they agree; `memory`: the recorded memory NUMA nodes against "
+        "`cpuset.mems`; absent for a container with no record or no cgroup; no NUMA id",
     ),
     # the agent's own health ----------------------------------------------------------------------------
     _m(

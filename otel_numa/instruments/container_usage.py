@@ -1,4 +1,5 @@
-"""Where each container's memory and CPU time really are, from its cgroup, and how local its memory is."""
+"""Where each container's memory and CPU time really are, from its cgroup, how local its memory is, and
+whether the kernel enforces what the records say (the CPUs pinned to one pod, each container's mismatch)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from otel_numa.model import ContainerUsage
 from otel_numa.snapshot.store import Snapshot
 
 MEMORY_TYPE = "numa.memory.type"
+RESOURCE_KIND = "numa.resource.kind"
 CPU_NODE_IDS = "numa.cpu.node.ids"
 MEMORY_NODE_IDS = "numa.memory.node.ids"
 LOCALITY_NODE_IDS = "numa.locality.node.ids"
@@ -62,9 +64,25 @@ def _node_sets(container: ContainerUsage) -> dict[str, AttributeValue]:
     return attributes
 
 
+def _mismatch(snapshot: Snapshot) -> Iterator[Point]:
+    for container in snapshot.container_usage:
+        for kind, differs in (("cpu", container.cpu_mismatch), ("memory", container.memory_mismatch)):
+            if differs is not None:
+                yield int(differs), {**container_attributes(container.container), RESOURCE_KIND: kind}
+
+
+def _pinned(snapshot: Snapshot) -> Iterator[Point]:
+    if snapshot.cpu_pinned is not None:
+        for numa_id, count in sorted(snapshot.cpu_pinned.items()):
+            yield count, {NUMA_ID: numa_id}
+
+
 OBSERVERS: dict[str, Observe] = {
     "numa.container.memory.usage": _memory,
     "numa.container.cpu.time": _cpu_time,
     "numa.container.memory.locality": _locality,
     "numa.container.cpuset.nodes": _cpuset_nodes,
+    "numa.container.allocation.mismatch": _mismatch,
 }
+# observed with the snapshot's cpu_pinned, which changes apart from the containers' usage
+PINNED_OBSERVERS: dict[str, Observe] = {"numa.cpu.pinned": _pinned}

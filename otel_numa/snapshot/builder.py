@@ -8,7 +8,8 @@ opened) and turns their values into a :class:`~otel_numa.snapshot.store.Snapshot
    (:meth:`BackgroundSources.merge`: where podresources answers, its live pods and allocations win), DRA
    devices placed on NUMA nodes, then :func:`compute_allocation`;
 3. enrichment: the container runtime's last view (opt-in);
-4. container usage: the cgroup walk's last result joined with the allocation.
+4. container usage: the cgroup walk's last result joined with the allocation, each container's record
+   compared with its effective cpusets, and the CPUs each NUMA node has pinned to one pod.
 
 Each stage is a failure domain of its own (:mod:`otel_numa.snapshot.stages`). RPCs and the cgroup walk run
 in the background (:meth:`refresh_background`, or the scheduler's tasks); a build only reads their last
@@ -19,15 +20,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from otel_numa.accounting.allocation import compute_allocation
+from otel_numa.accounting.dra_claims import needing_kernel_cpus
 from otel_numa.model import Allocation, ContainerUsage, KubeletState, MachineUsage, ProcessUsage, Source
 from otel_numa.options import AgentOptions
 from otel_numa.snapshot.collectors.background import BackgroundSources
-from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames
+from otel_numa.snapshot.collectors.cgroups import CgroupCollector, ContainerLogNames, Joined
 from otel_numa.snapshot.collectors.dra import DraPlacer
+from otel_numa.snapshot.collectors.dra_records import DraRecords
 from otel_numa.snapshot.collectors.kubelet import KubeletCollector
 from otel_numa.snapshot.collectors.machine import MachineCollector
 from otel_numa.snapshot.container_limit import ContainerLimit
@@ -57,6 +61,8 @@ class SnapshotBuilder:
             if kubelet is not None and kubelet.place_dra_devices
             else None
         )
+        self._dra_records = DraRecords(sources)  # what DRA CPU and memory drivers gave their claims
+        self._kernel_wanted: LastResult[frozenset[tuple[str, str]]] = LastResult()
         # podresources and the runtime: refreshed in the background, only read by builds
         self.background = BackgroundSources(
             options.podresources, options.runtime, sources, topology=lambda: self.machine.topology
@@ -81,9 +87,7 @@ class SnapshotBuilder:
         self._allocation_stage = Stage(
             "allocation", tracker(Source.CPU_MANAGER), (KubeletState(), Allocation())
         )
-        self._usage_stage: Stage[tuple[ContainerUsage, ...]] = Stage(
-            "container_usage", tracker(Source.CGROUP), ()
-        )
+        self._usage_stage: Stage[Joined] = Stage("container_usage", tracker(Source.CGROUP), ((), None))
         self._enrichment_stage = Stage("enrichment", tracker(Source.CRI), Allocation())
         self._container_limit = ContainerLimit(tracker(Source.CPU_MANAGER))  # the allocation stage's source
         self._check_roots()
@@ -120,10 +124,11 @@ class SnapshotBuilder:
             stages.append(self._enrichment_stage)
         allocation = self._container_limit.apply(allocation)  # the totals above count every container
         usage: tuple[ContainerUsage, ...] = ()
+        pinned: Mapping[int, int] | None = None
         if self.cgroups is not None:
             cgroups, joined_allocation = self.cgroups, allocation
-            usage = self._usage_stage.run(
-                lambda: cgroups.containers(joined_allocation, machine, kubelet.live_pods)
+            usage, pinned = self._usage_stage.run(
+                lambda: cgroups.join(joined_allocation, machine, kubelet.live_pods)
             )
             stages.append(self._usage_stage)
         last = self._last
@@ -132,12 +137,14 @@ class SnapshotBuilder:
             machine = kept_parts(machine, last.machine) if machine is not None else None
             allocation = kept(allocation, last.allocation)
             usage = kept(usage, last.container_usage)
+            pinned = kept(pinned, last.cpu_pinned)
         snapshot = Snapshot(
             taken_at=time.monotonic(),
             machine=machine,
             allocation=allocation,
             sources=self.sources.reports(),
             container_usage=usage,
+            cpu_pinned=pinned,
             stages=tuple(stage.report for stage in stages if stage.report is not None),
             process=self._read_process(),
         )
@@ -187,6 +194,16 @@ class SnapshotBuilder:
             placed, unknown = self._dra.place(kubelet, machine.pci, machine.topology)
             if placed or unknown:
                 kubelet = replace(kubelet, dra_numa=placed, dra_unknown=unknown)
+            records = self._dra_records.read(kubelet, self._dra.cdi_devices, machine.topology)
+            if records:
+                kubelet = replace(kubelet, dra_records=records)
+            # a CPU claim that names no cpuset holds its containers' effective CPUs: the cgroup walk's
+            state = kubelet
+            wanted = self._kernel_wanted.get(
+                (kubelet.podresources, records), lambda: needing_kernel_cpus(state)
+            )
+            if wanted and self.cgroups is not None:
+                kubelet = replace(kubelet, kernel_cpus=self.cgroups.effective_cpus(wanted))
         reserved = self.options.kubelet.reserved_cpus if self.options.kubelet is not None else None
         allocation = self._allocation.get(
             (machine.topology, kubelet), lambda: compute_allocation(kubelet, machine.topology, reserved)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -28,6 +28,8 @@ class Snapshot:
     sources: tuple[SourceReport, ...]
     # per-container NUMA usage from cgroups, joined with the allocation; empty when not read
     container_usage: tuple[ContainerUsage, ...] = ()
+    # the kernel's view: CPUs of each NUMA node that exactly one pod may run on; None when not known
+    cpu_pinned: Mapping[int, int] | None = None
     stages: tuple[StageReport, ...] = ()
     # the agent's own process, read with the snapshot; None: not wanted or not readable
     process: ProcessUsage | None = None

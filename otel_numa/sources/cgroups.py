@@ -19,6 +19,11 @@ Files read per container:
 
 This runs for every container each export interval, so the hot path uses ``os.scandir`` and raw ``os``
 reads, and reads each file once.
+
+An effective cpuset is the kernel's view of where a container may run. The kernel prints it as one line;
+a file that is empty, is not one whole line (a write caught half-way: it changed while being read), is no
+list, or names CPUs or NUMA nodes the machine lacks is not trusted: with an error sink, that container's
+cpusets are unknown this round and the error goes to the sink, while its memory and CPU time still count.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from otel_numa.sources.files import (
     MAX_CPU_ID,
     MAX_NUMA_NODE_ID,
     OUT_OF_RANGE,
+    ErrorSink,
     parse_cpulist,
     read_optional_text,
 )
@@ -319,18 +325,42 @@ def _read_v1(memory_dir: str) -> tuple[str | None, str | None, str | None, float
     return numa_stat, cpus, mems, cpu_time
 
 
+def _cpuset(text: str | None, limit: int, known: Collection[int] | None, path: str) -> frozenset[int] | None:
+    """An effective cpuset file's ids (``None`` when the file is not there); SourceCorrupt when it cannot
+    be trusted (see the module notes)."""
+    if text is None:
+        return None
+    if not text.endswith("\n") or "\n" in text[:-1]:
+        raise SourceCorrupt(f"{path}: empty" if not text else f"{path}: not one whole line")
+    try:
+        ids = parse_cpulist(text, limit)
+    except SourceCorrupt as error:
+        raise SourceCorrupt(f"{path}: {error}", error_type=error.error_type) from None
+    if not ids:
+        raise SourceCorrupt(f"{path}: empty")
+    if known is not None and not ids.issubset(known):
+        raise SourceCorrupt(f"{path}: ids the machine does not have", error_type=OUT_OF_RANGE)
+    return shared_set(
+        ids
+    )  # a handful of distinct sets on a node (the shared pool, the nodes, exclusive CPUs)
+
+
 def read_container_usage(
     cgroup: ContainerCgroup,
     layout: CgroupLayout,
     memory_types: Collection[str] | None = None,
     nodes: Collection[int] | None = None,
     cpu_limit: int = MAX_CPU_ID,
+    *,
+    machine_cpus: Collection[int] | None = None,
+    on_cpuset_error: ErrorSink | None = None,
 ) -> ContainerNumaUsage | None:
     """One container's NUMA memory, cpusets and CPU time; ``None`` when its cgroup vanished meanwhile.
 
     ``memory_types`` limits the v2 memory types parsed (v1 files have only three); ``None``: all of them.
-    ``nodes`` and ``cpu_limit``: the machine's NUMA ids and highest CPU id, when known; a file naming
-    another node or a higher CPU is corrupt (``out_of_range``).
+    ``nodes``, ``cpu_limit`` and ``machine_cpus``: the machine's NUMA ids, highest CPU id and online CPUs,
+    when known; a file naming another node or CPU is corrupt (``out_of_range``). A cpuset that cannot be
+    trusted raises, or with ``on_cpuset_error`` goes there and leaves the container's cpusets unknown.
     """
     directory = cgroup.path
     numa_stat, cpus, mems, cpu_time = _read_v2(directory) if layout == "v2" else _read_v1(directory)
@@ -344,13 +374,22 @@ def read_container_usage(
         memory = parse_numa_stat_v2(numa_stat, memory_types, nodes)
     else:
         memory = parse_numa_stat_v1(numa_stat, nodes=nodes)
+    cpu_set: frozenset[int] | None
+    mem_set: frozenset[int] | None
+    try:
+        cpu_set = _cpuset(cpus, cpu_limit, machine_cpus, f"{directory}: effective cpuset.cpus")
+        mem_set = _cpuset(mems, MAX_NUMA_NODE_ID, nodes, f"{directory}: effective cpuset.mems")
+    except SourceCorrupt as error:
+        if on_cpuset_error is None:
+            raise
+        on_cpuset_error(error)
+        cpu_set = mem_set = None  # the kernel's view of this container is unknown this round
     return ContainerNumaUsage(
         pod_uid=cgroup.pod_uid,
         container_id=cgroup.container_id,
         # kept until the container's files change: one tuple per map instead of a dict
         memory_by_type=small_map({kind: small_map(by_node) for kind, by_node in memory.items()}),
-        # a handful of distinct sets on a node (the shared pool, the nodes, the exclusive CPUs)
-        cpus=shared_set(parse_cpulist(cpus, cpu_limit)) if cpus is not None else None,
-        mems=shared_set(parse_cpulist(mems, MAX_NUMA_NODE_ID)) if mems is not None else None,
+        cpus=cpu_set,
+        mems=mem_set,
         cpu_time_s=cpu_time,
     )

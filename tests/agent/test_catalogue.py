@@ -251,6 +251,7 @@ EVERY_METRIC_OF_A_SMALL_NODE = frozenset(
         *("numa.container.hugepages.allocated", "numa.container.device.allocated"),
         *("numa.container.memory.usage", "numa.container.cpu.time", "numa.container.memory.locality"),
         "numa.container.cpuset.nodes",
+        *("numa.cpu.pinned", "numa.container.allocation.mismatch"),
         *("numa.agent.source.errors", "numa.agent.source.age", "numa.agent.source.duration"),
         *("numa.agent.source.success", "numa.agent.stage.duration", "numa.agent.stage.success"),
         "numa.agent.fast_path",

@@ -136,7 +136,7 @@ def test_containers_past_the_limit_are_left_out_and_counted(tmp_path: Path) -> N
 
 def test_ids_beyond_the_machine_make_the_file_an_error(tmp_path: Path) -> None:
     """Once the machine is known (2 nodes, CPUs 0-7), a numa_stat naming node 5 or a cpuset naming CPU 9 is
-    an error of its container; the others stay."""
+    an error of its container; the others stay. A bad cpuset costs only the container's cpusets."""
     cgroup, logs = _node(tmp_path)
     directory = next(cgroup.rglob(f"*{ID_1}.scope"))
     (directory / "memory.numa_stat").write_text("anon N0=4096 N5=4096\nfile N0=0 N5=0\n")
@@ -153,7 +153,10 @@ def test_ids_beyond_the_machine_make_the_file_an_error(tmp_path: Path) -> None:
     collector.refresh()
 
     assert collector.view is not None
-    assert sorted(u.container_id for u in collector.view.usages) == sorted([SANDBOX, ID_3])
+    usages = {usage.container_id: usage for usage in collector.view.usages}
+    assert sorted(usages) == sorted([SANDBOX, ID_2, ID_3])
+    assert usages[ID_2].cpus is None and usages[ID_2].mems is None
+    assert usages[ID_2].memory_by_type == {"anon": {0: 2 * MIB, 1: 0}}
     (report,) = registry.reports()
     assert report.errors == {"corrupt": 0, "unavailable": 0, "out_of_range": 2}
 

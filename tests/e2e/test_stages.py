@@ -44,7 +44,7 @@ def _boom(*_args: Any, **_kwargs: Any) -> Any:
 INJECT = {
     "machine": (MachineCollector, "collect"),
     "allocation": (builder_module, "compute_allocation"),
-    "container_usage": (CgroupCollector, "containers"),
+    "container_usage": (CgroupCollector, "join"),
     "enrichment": (BackgroundSources, "enrich"),
 }
 

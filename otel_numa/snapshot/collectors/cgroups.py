@@ -4,8 +4,10 @@
 files per container: too much work for a scrape) and publishes a :class:`CgroupView`; the last good view is
 kept when the cgroup tree cannot be listed. A container whose cgroup vanishes while it is read has stopped
 and is left out silently; a container whose files cannot be read or parsed is left out and counted as an
-error of the ``cgroup`` source, without blanking the others. :meth:`CgroupCollector.containers` joins the
-latest view with the kubelet's allocation when a snapshot is built, and redoes it only when an input changed.
+error of the ``cgroup`` source, without blanking the others; a cpuset file that cannot be trusted costs only
+its container's cpusets (the kernel's view of it) that round. :meth:`CgroupCollector.join` joins the latest
+view with the kubelet's allocation when a snapshot is built, compares each container's record with its
+cpusets, counts the CPUs each NUMA node has pinned to one pod, and redoes it only when an input changed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_numa.accounting.kernel_view import pinned_per_node
 from otel_numa.accounting.usage import (
     DEFAULT_MEMORY_TYPES,
     MachineNodes,
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 # container id -> identity; any provider will do (container log links, the container runtime)
 NameLookup = Callable[[], Mapping[str, ContainerIdentity]]
 UsageReader = Callable[[ContainerCgroup, CgroupLayout], ContainerNumaUsage | None]
+# the containers' usage, and the CPUs each NUMA node has pinned to one pod (None: not known)
+Joined = tuple[tuple[ContainerUsage, ...], Mapping[int, int] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +135,8 @@ class CgroupCollector:
         self._view: CgroupView | None = None
         # the join, remembered with its inputs; CPU time splits advance once per view
         self._join_lock = threading.Lock()
-        self._joined: LastResult[tuple[ContainerUsage, ...]] = LastResult()
+        self._joined: LastResult[Joined] = LastResult()
+        self._effective: LastResult[Mapping[tuple[str, str], frozenset[int]]] = LastResult()
         self._cpu_view: CgroupView | None = None
         self._cpu_machine: MachineNodes | None = None
         self._cpu_time: dict[str, CpuTimeSplit] = {}
@@ -169,7 +175,7 @@ class CgroupCollector:
             # the first by pod UID, as the records' series keep theirs: the same pods have both
             by_pod = sorted(cgroups, key=lambda cgroup: (cgroup.pod_uid, cgroup.container_id))
             cgroups = tuple(by_pod[: self._max_containers])
-        read = self._reader or self._bounded_reader()
+        read = self._reader or self._bounded_reader(failures.append)
         for cgroup in cgroups:
             try:
                 usage = read(cgroup, layout)
@@ -186,20 +192,32 @@ class CgroupCollector:
         for failure in failures:
             self._tracker.failed(failure)
 
-    def _bounded_reader(self) -> UsageReader:
-        """The file reader, bounded by the machine's NUMA ids and CPUs once its topology is known."""
+    def _bounded_reader(self, cpuset_failed: Callable[[SourceError], None]) -> UsageReader:
+        """The file reader, bounded by the machine's NUMA ids and CPUs once its topology is known; a cpuset
+        that cannot be trusted goes to ``cpuset_failed`` and costs only that container's cpusets."""
         topology, to_read = self._topology(), self._to_read
         nodes = frozenset(topology.node_ids) if topology is not None and topology.nodes else None
-        cpu_limit = max(topology.online_cpus) if topology is not None and topology.online_cpus else MAX_CPU_ID
-        return lambda cgroup, layout: read_container_usage(cgroup, layout, to_read, nodes, cpu_limit)
+        cpus = topology.online_cpus if topology is not None and topology.online_cpus else None
+        cpu_limit = max(cpus) if cpus else MAX_CPU_ID
+        return lambda cgroup, layout: read_container_usage(
+            cgroup, layout, to_read, nodes, cpu_limit, machine_cpus=cpus, on_cpuset_error=cpuset_failed
+        )
 
     def containers(
         self, allocation: Allocation, machine: MachineUsage | None, live_pods: frozenset[str] | None = None
     ) -> tuple[ContainerUsage, ...]:
         """The latest view joined with ``allocation``; recomputed only when the view or an input changed."""
+        return self.join(allocation, machine, live_pods)[0]
+
+    def join(
+        self, allocation: Allocation, machine: MachineUsage | None, live_pods: frozenset[str] | None = None
+    ) -> Joined:
+        """The latest view joined with ``allocation``, and the CPUs each NUMA node has pinned to one pod
+        (by the joined containers' effective cpusets: sandboxes, which have no name, run anywhere and are
+        left out); recomputed only when the view or an input changed. Nothing without a view."""
         view = self._view
         if view is None:
-            return ()
+            return (), None
         topology = machine.topology if machine is not None else None
         memory = (
             {node: m.total_bytes for node, m in machine.memory.items() if m.total_bytes is not None}
@@ -209,10 +227,10 @@ class CgroupCollector:
         nodes = MachineNodes.of(topology, memory)
         with self._join_lock:
 
-            def join() -> tuple[ContainerUsage, ...]:
+            def join() -> Joined:
                 assert view is not None
                 cpu_time = self._advance_cpu_time(view, nodes)
-                return join_usage(
+                usage = join_usage(
                     view.usages,
                     view.layout,
                     view.names,
@@ -222,8 +240,28 @@ class CgroupCollector:
                     live_pods,
                     self._memory_types,
                 )
+                return usage, _pinned(view, usage, topology)
 
-            return self._joined.get((view, allocation, nodes, live_pods), join)
+            return self._joined.get((view, allocation, nodes, live_pods, topology), join)
+
+    def effective_cpus(self, wanted: frozenset[tuple[str, str]]) -> Mapping[tuple[str, str], frozenset[int]]:
+        """The last view's effective CPUs of the ``wanted`` (pod uid, container name), where known."""
+        view = self._view
+        if view is None or not wanted:
+            return {}
+
+        def find() -> Mapping[tuple[str, str], frozenset[int]]:
+            assert view is not None
+            found: dict[tuple[str, str], frozenset[int]] = {}
+            for usage in view.usages:
+                identity = view.names.get(usage.container_id)
+                if identity is not None and usage.cpus is not None:
+                    key = (usage.pod_uid, identity.container_name)
+                    if key in wanted:
+                        found[key] = usage.cpus
+            return found
+
+        return self._effective.get((view, wanted), find)
 
     def _advance_cpu_time(self, view: CgroupView, nodes: MachineNodes) -> Mapping[str, CpuTimeSplit]:
         if view is self._cpu_view and nodes == self._cpu_machine:
@@ -244,3 +282,16 @@ class CgroupCollector:
             )
         self._cpu_view, self._cpu_machine, self._cpu_time = view, nodes, advanced
         return advanced
+
+
+def _pinned(
+    view: CgroupView, usage: tuple[ContainerUsage, ...], topology: Topology | None
+) -> Mapping[int, int] | None:
+    """Pinned CPUs per NUMA node; unknown without a topology, or when the view has containers and none of
+    them could be named (no way to leave the sandboxes out)."""
+    if topology is None or (view.usages and not usage):
+        return None
+    return pinned_per_node(
+        ((container.container.pod_uid, container.cpus) for container in usage if container.cpus is not None),
+        topology,
+    )

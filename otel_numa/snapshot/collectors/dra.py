@@ -15,6 +15,7 @@ from otel_numa.model import NO_NUMA, DraDevice, DraDeviceKey, KubeletState, PciD
 from otel_numa.snapshot.collectors.cdi_specs import CdiDevices, CdiSpecs
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.device_nodes import addresses_in_name, pci_functions_of
+from otel_numa.sources.dra_drivers import CPU_AND_MEMORY_DRIVERS
 from otel_numa.sources.errors import SourceError, SourceMissing
 from otel_numa.sources.pci import function_numa
 
@@ -22,7 +23,8 @@ Placement = tuple[Mapping[DraDeviceKey, int], frozenset[DraDeviceKey]]  # (NUMA 
 
 
 def dra_devices(state: KubeletState) -> tuple[DraDevice, ...]:
-    """Every DRA device the kubelet state names, in podresources' claims and in the checkpoint's."""
+    """Every DRA device the kubelet state names, in podresources' claims and in the checkpoint's; CPUs and
+    memory handed out through DRA are no devices and have no place of their own."""
     found: dict[DraDeviceKey, DraDevice] = {}
     if state.podresources is not None:
         for pod in state.podresources.all_pods:
@@ -33,7 +35,7 @@ def dra_devices(state: KubeletState) -> tuple[DraDevice, ...]:
         for claim in state.dra.claims:
             for device in claim.devices:
                 found.setdefault(device.key, device)
-    return tuple(found[key] for key in sorted(found))
+    return tuple(found[key] for key in sorted(found) if key[0] not in CPU_AND_MEMORY_DRIVERS)
 
 
 class DraPlacer:
@@ -47,6 +49,7 @@ class DraPlacer:
         self._specs = CdiSpecs(self._dirs)
         self._inputs: tuple[object, ...] | None = None
         self._placed: Placement = ({}, frozenset())
+        self.cdi_devices: CdiDevices = {}  # as the last round read them (DRA CPU and memory claims' edits)
 
     def place(self, state: KubeletState, pci: PciDevices, topology: Topology) -> Placement:
         """NUMA node per DRA device of ``state``, and the devices that cannot be placed this round (a CDI
@@ -55,6 +58,7 @@ class DraPlacer:
         errors: list[SourceError] = []
         with self._tracker.timed():
             cdi = self._specs.read(errors)  # one stat per directory and file while nothing changed
+            self.cdi_devices = cdi
             inputs = (devices, cdi, pci, topology)
             if self._inputs is None or not all(
                 a is b or a == b for a, b in zip(inputs, self._inputs, strict=True)
