@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 _VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
@@ -140,6 +141,212 @@ def write_times(encoded: bytearray, places: array[int], first: int, count: int, 
     for place in places[3 * first + 1 : 3 * (first + count) : 3]:
         _pack_time(encoded, place, time)
     return True
+
+
+@dataclass(frozen=True)
+class MetricShape:
+    """One metric of an encoded request as the parts it is put together from: its fields before and after
+    its data (a gauge or a sum), the data's fields before and after its points, and where each point's
+    encoding lies in the request (``points``: start and end, two a point)."""
+
+    before: bytes
+    data_field: int
+    data_before: bytes
+    data_after: bytes
+    after: bytes
+    points: array[int]
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """An encoded request of one resource and one scope of gauges and sums, as the parts it is put together
+    from: the resource's fields (but its scope metrics) and the scope's (but its metrics), and its metrics;
+    ``places`` as :func:`number_point_places` gives them."""
+
+    resource_before: bytes
+    resource_after: bytes
+    scope_before: bytes
+    scope_after: bytes
+    metrics: list[MetricShape]
+    places: array[int]
+
+
+def request_shape(request: bytes) -> RequestShape | None:
+    """The parts of ``request``; None unless it holds one resource with one scope of gauges and sums, each
+    metric's points one after the other, each with a time and a value."""
+    try:
+        (resource,) = list(_keyed_fields(request, 0, len(request)))
+        if resource[:2] != (_RESOURCE_METRICS, _LENGTH_DELIMITED):
+            return None
+        resource_before, scope, resource_after = _around(request, resource[3], resource[4], _SCOPE_METRICS)
+        if scope is None:
+            return None
+        scope_before, metric_fields, scope_after = _split(request, scope[0], scope[1], _METRICS)
+        metrics: list[MetricShape] = []
+        places = array("i")
+        for start, end in metric_fields:
+            before, data, after = _around(request, start, end, _GAUGE, _SUM)
+            if data is None:
+                return None
+            data_start, data_end, data_field = data
+            data_before, points, data_after = _split(request, data_start, data_end, _DATA_POINTS)
+            spans = array("i")
+            for point_start, point_end in points:
+                numbers = _point_numbers(request, point_start, point_end)
+                if numbers is None:
+                    return None
+                places.extend(numbers)
+                spans.extend((point_start, point_end))
+            metrics.append(MetricShape(before, data_field, data_before, data_after, after, spans))
+    except (IndexError, ValueError):
+        return None
+    return RequestShape(resource_before, resource_after, scope_before, scope_after, metrics, places)
+
+
+def assemble(
+    shape: RequestShape, points: Sequence[Sequence[tuple[bytes, int, int, int]]]
+) -> tuple[bytes, RequestShape]:
+    """A request of ``shape``'s resource, scope and metric fields with ``points``: for each metric, each
+    point's encoding and where its start time (:data:`ABSENT` when none), time and value tag lie in it.
+    Returns the request and its shape."""
+    metric_parts: list[bytes] = []
+    metric_spans: list[array[int]] = []
+    metric_places: list[array[int]] = []
+    for metric, its_points in zip(shape.metrics, points, strict=True):
+        parts: list[bytes] = [metric.data_before]
+        at = len(metric.data_before)
+        spans, places = array("i"), array("i")
+        for encoded, start, time, value in its_points:
+            head = _key(_DATA_POINTS) + _length(len(encoded))
+            at += len(head)
+            spans.extend((at, at + len(encoded)))
+            places.extend((ABSENT if start == ABSENT else at + start, at + time, at + value))
+            parts += (head, encoded)
+            at += len(encoded)
+        parts.append(metric.data_after)
+        data = b"".join(parts)
+        data_head = metric.before + _key(metric.data_field) + _length(len(data))
+        shift = len(data_head)
+        metric_parts.append(data_head + data + metric.after)
+        metric_spans.append(_shifted(spans, shift))
+        metric_places.append(_shifted(places, shift))
+    scope_parts: list[bytes] = [shape.scope_before]
+    at = len(shape.scope_before)
+    offsets = []
+    for encoded in metric_parts:
+        head = _key(_METRICS) + _length(len(encoded))
+        offsets.append(at + len(head))
+        scope_parts += (head, encoded)
+        at += len(head) + len(encoded)
+    scope_parts.append(shape.scope_after)
+    scope = b"".join(scope_parts)
+    scope_head = shape.resource_before + _key(_SCOPE_METRICS) + _length(len(scope))
+    resource = scope_head + scope + shape.resource_after
+    request_head = _key(_RESOURCE_METRICS) + _length(len(resource))
+    base = len(request_head) + len(scope_head)
+    metrics: list[MetricShape] = []
+    places = array("i")
+    for metric, offset, spans, its_places in zip(
+        shape.metrics, offsets, metric_spans, metric_places, strict=True
+    ):
+        shifted = _shifted(spans, base + offset)
+        metrics.append(
+            MetricShape(
+                metric.before, metric.data_field, metric.data_before, metric.data_after, metric.after, shifted
+            )
+        )
+        places.extend(_shifted(its_places, base + offset))
+    new_shape = RequestShape(
+        shape.resource_before, shape.resource_after, shape.scope_before, shape.scope_after, metrics, places
+    )
+    return request_head + resource, new_shape
+
+
+def point_of(request: bytes, shape: RequestShape, metric: int, index: int) -> tuple[bytes, int, int, int]:
+    """Point ``index`` of metric ``metric`` of ``request`` (of ``shape``), as :func:`assemble` takes it."""
+    spans = shape.metrics[metric].points
+    start, end = spans[2 * index], spans[2 * index + 1]
+    numbers = _point_numbers(request, start, end)
+    if numbers is None:
+        raise ValueError("a point without its numbers")
+    first, time, value = numbers
+    return request[start:end], ABSENT if first == ABSENT else first - start, time - start, value - start
+
+
+def _shifted(offsets: array[int], by: int) -> array[int]:
+    return array("i", [offset if offset == ABSENT else offset + by for offset in offsets])
+
+
+def _point_numbers(request: bytes, start: int, end: int) -> tuple[int, int, int] | None:
+    """Where a point's start time (:data:`ABSENT` when none), time and value tag lie; None without a time or
+    a value."""
+    first = time = value = ABSENT
+    for number, wire, begin, _end in _fields(request, start, end):
+        if wire != _FIXED64:
+            continue
+        if number == _START_TIME:
+            first = begin
+        elif number == _TIME:
+            time = begin
+        elif number in (_AS_DOUBLE, _AS_INT):
+            value = begin - 1  # the tag is one byte: field numbers below 16
+    if time == ABSENT or value == ABSENT:
+        return None
+    return first, time, value
+
+
+def _keyed_fields(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, key start, content start, end) of each field of ``data[start:end]``."""
+    position = start
+    for number, wire, begin, finish in _fields(data, start, end):
+        yield number, wire, position, begin, finish
+        position = finish
+
+
+def _around(
+    data: bytes, start: int, end: int, *wanted: int
+) -> tuple[bytes, tuple[int, int, int] | None, bytes]:
+    """A message's bytes before and after its one length-delimited field numbered one of ``wanted``, and
+    that field's content (start, end, number); None for the field when there is not exactly one."""
+    found = [
+        (key, begin, finish, number)
+        for number, wire, key, begin, finish in _keyed_fields(data, start, end)
+        if number in wanted and wire == _LENGTH_DELIMITED
+    ]
+    if len(found) != 1:
+        return b"", None, b""
+    key, begin, finish, number = found[0]
+    return data[start:key], (begin, finish, number), data[finish:end]
+
+
+def _split(data: bytes, start: int, end: int, wanted: int) -> tuple[bytes, list[tuple[int, int]], bytes]:
+    """A message's bytes before and after its fields numbered ``wanted`` (one after the other, else
+    ValueError), and those fields' contents."""
+    fields = list(_keyed_fields(data, start, end))
+    indexes = [
+        i for i, (number, wire, *_rest) in enumerate(fields) if number == wanted and wire == _LENGTH_DELIMITED
+    ]
+    if not indexes:
+        return data[start:end], [], b""
+    first, last = indexes[0], indexes[-1]
+    if last - first + 1 != len(indexes):
+        raise ValueError("repeated fields apart")
+    before = data[start : fields[first][2]]
+    after = data[fields[last][4] : end]
+    return before, [(fields[i][3], fields[i][4]) for i in indexes], after
+
+
+def _key(number: int) -> bytes:
+    return bytes((number << 3 | _LENGTH_DELIMITED,))
+
+
+def _length(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _number_points(request: bytes) -> Iterator[tuple[int, int]]:

@@ -20,7 +20,16 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.types import Attributes
 
-from otel_numa.export.otlp_wire import ABSENT, number_point_places, write_numbers, write_points, write_times
+from otel_numa.export.otlp_wire import (
+    ABSENT,
+    assemble,
+    number_point_places,
+    point_of,
+    request_shape,
+    write_numbers,
+    write_points,
+    write_times,
+)
 
 NO_START: Any = None  # a gauge's points carry no start time
 
@@ -79,6 +88,24 @@ def test_numbers_without_points_are_the_encoders_request() -> None:
     assert not write_times(bytearray(before), places, 4, 3, 1)
     assert not write_numbers(bytearray(before), places, 3, (5, 5, 5), 1, (1, 2, 3))
     assert not write_numbers(bytearray(before), places, 0, (5,), 1, (2**63,))
+
+
+def test_a_request_put_together_from_its_points_is_the_encoders() -> None:
+    """The points of one request, put together in another order and without one, with their numbers in
+    the new places: the encoder's request for those points."""
+    data = request([1, 2.5, 3])
+    encoded = encode_metrics(data).SerializeToString()
+    shape = request_shape(encoded)
+    assert shape is not None and list(shape.places) == list(number_point_places(encoded) or [])
+    points = [[point_of(encoded, shape, metric, index) for index in range(3)] for metric in range(2)]
+    again, same = assemble(shape, points)
+    assert again == encoded and list(same.places) == list(shape.places)
+    together, parts = assemble(shape, [points[0][::-1], points[1][:2]])
+    sums, gauge = (metric.data for metric in data.resource_metrics[0].scope_metrics[0].metrics)
+    sums.data_points[:] = sums.data_points[::-1]  # type: ignore[index]
+    gauge.data_points[:] = gauge.data_points[:2]  # type: ignore[index]
+    assert together == encode_metrics(data).SerializeToString()
+    assert request_shape(together) == parts
 
 
 def test_what_cannot_be_written_in_place_is_refused() -> None:

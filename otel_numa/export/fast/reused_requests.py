@@ -20,13 +20,14 @@ would mean replacing its ``export`` with a copy of the library's, so it keeps th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
 import threading
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,17 @@ from opentelemetry.sdk.metrics.export import Gauge, Sum
 
 from otel_numa.export.fast.patch import Patch
 from otel_numa.export.fast.point_list import PointList
-from otel_numa.export.otlp_wire import number_point_places, write_numbers, write_points, write_times
+from otel_numa.export.otlp_wire import (
+    ABSENT,
+    RequestShape,
+    assemble,
+    number_point_places,
+    point_of,
+    request_shape,
+    write_numbers,
+    write_points,
+    write_times,
+)
 
 # zlib's fastest level for the request kept between pushes: compressed when the series change,
 # decompressed at each push
@@ -52,6 +63,10 @@ class _KeptRequest:
     layout: list[object]  # held, so that the ids compared with it cannot be reused
     # the start times and values of each point list it was encoded from (held: compared by identity)
     numbers: list[tuple[object, object]]
+    # its parts, when it is one resource with one scope (otel_numa.export.otlp_wire.request_shape), and each
+    # metric's attribute mappings in order: a push with other series reuses the points it still has
+    shape: RequestShape | None = None
+    series: list[Sequence[object]] | None = None
 
 
 class _ReusedRequests:
@@ -62,6 +77,7 @@ class _ReusedRequests:
         self._lock = threading.Lock()
         self._kept: _KeptRequest | None = None
         self.reused = 0  # how many requests were the kept one with new numbers
+        self.spliced = 0  # how many were put together from the kept one's points and new ones
 
     def __call__(self, data: Any) -> Any:
         layout: list[object] = []
@@ -70,6 +86,7 @@ class _ReusedRequests:
         # place among the point lists)
         numbers_of: list[tuple[int, PointList, int]] = []
         lists: list[tuple[object, object]] = []  # every point list's start times and values
+        series: list[Sequence[object]] = []  # each metric's attribute mappings, in order
         count = 0
         for resource_metrics in data.resource_metrics:
             layout.append(resource_metrics.resource)
@@ -93,6 +110,7 @@ class _ReusedRequests:
                     listed = numbers.data_points
                     if type(listed) is PointList:  # plain points; one tuple of mappings
                         layout.append(listed.attributes)
+                        series.append(listed.attributes)
                         lists.append((listed.starts, listed.values))
                         if listed.starts is not None and listed.time is not None:
                             numbers_of.append((count, listed, len(lists) - 1))
@@ -107,6 +125,7 @@ class _ReusedRequests:
                             return self._translate(data)
                         layout.append(point.attributes)
                         points.append(point)
+                    series.append(tuple([point.attributes for point in listed]))
                     count += len(listed)
         with self._lock:
             kept = self._kept
@@ -117,15 +136,107 @@ class _ReusedRequests:
                 if _write(encoded, kept, points, numbers_of):
                     self.reused += 1
                     return bytes(encoded)  # sent as they are (_PassingBytes)
+            if kept is not None and kept.shape is not None and kept.series is not None:
+                spliced = self._spliced(data, kept, series, points, numbers_of, count)
+                if spliced is not None:
+                    together, parts = spliced
+                    compressed = zlib.compress(together, KEPT_COMPRESSION_LEVEL)
+                    self._kept = _KeptRequest(compressed, parts.places, layout, lists, parts, series)
+                    self.spliced += 1
+                    return together
             request = self._translate(data)
             self._kept = None
             serialized = request.SerializeToString()
-            places = number_point_places(serialized)
+            shape = request_shape(serialized)
+            places = shape.places if shape is not None else number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * count:
                 compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
-                self._kept = _KeptRequest(compressed, places, layout, lists)
+                self._kept = _KeptRequest(compressed, places, layout, lists, shape, series)
             return request
+
+    def _spliced(
+        self,
+        data: Any,
+        kept: _KeptRequest,
+        series: list[Sequence[object]],
+        points: list[Any],
+        numbers_of: list[tuple[int, PointList, int]],
+        count: int,
+    ) -> tuple[bytes, RequestShape] | None:
+        """The request for ``data`` when only series changed since ``kept`` (the same resource, scope and
+        metrics): the kept encoding of each series it still has, and the exporter's encoding of the new
+        ones (one request of only those), put together; its numbers written. None otherwise."""
+        shape, kept_series = kept.shape, kept.series
+        assert shape is not None and kept_series is not None
+        (resource_metrics,) = data.resource_metrics
+        (scope_metrics,) = resource_metrics.scope_metrics
+        metrics = scope_metrics.metrics
+        if len(metrics) != len(shape.metrics) or len(series) != len(metrics):
+            return None
+        # where each kept series' point is: (metric, its index there) by its attribute mapping
+        before: list[dict[int, int]] = [{id(each): at for at, each in enumerate(old)} for old in kept_series]
+        new_points: list[list[int]] = []  # per metric, the indexes of the series that are new
+        partial = []
+        for metric, now, known, old in zip(metrics, series, before, kept_series, strict=True):
+            fresh = [
+                at
+                for at, each in enumerate(now)
+                if known.get(id(each)) is None or old[known[id(each)]] is not each
+            ]
+            new_points.append(fresh)
+            listed = metric.data.data_points
+            # a PointList makes only these; a metric without new series is encoded with its first one (not
+            # used): the exporter leaves out the data of a metric without points
+            made = [point for at in fresh or [0] for point in listed[at : at + 1]]
+            partial.append(
+                dataclasses.replace(metric, data=dataclasses.replace(metric.data, data_points=made))
+            )
+        only_new = dataclasses.replace(
+            data,
+            resource_metrics=[
+                dataclasses.replace(
+                    resource_metrics, scope_metrics=[dataclasses.replace(scope_metrics, metrics=partial)]
+                )
+            ],
+        )
+        encoded_new = self._translate(only_new).SerializeToString()
+        new_shape = request_shape(encoded_new)
+        if new_shape is None or [(m.before, m.data_field) for m in new_shape.metrics] != [
+            (m.before, m.data_field) for m in shape.metrics
+        ]:
+            return None  # other metrics (names, descriptions, units, kinds) than the kept request's
+        old_bytes = zlib.decompress(kept.compressed)
+        first = 0  # the kept request's index of its metric's first point
+        parts: list[list[tuple[bytes, int, int, int]]] = []
+        for index, (now, known, fresh) in enumerate(zip(series, before, new_points, strict=True)):
+            spans = shape.metrics[index].points
+            fresh_at = {at: k for k, at in enumerate(fresh)}
+            its: list[tuple[bytes, int, int, int]] = []
+            for at, each in enumerate(now):
+                k = fresh_at.get(at)
+                if k is not None:
+                    its.append(point_of(encoded_new, new_shape, index, k))
+                    continue
+                j = known[id(each)]
+                start, end = spans[2 * j], spans[2 * j + 1]
+                g = 3 * (first + j)
+                first_time, time, value = shape.places[g], shape.places[g + 1], shape.places[g + 2]
+                relative = ABSENT if first_time == ABSENT else first_time - start
+                its.append((old_bytes[start:end], relative, time - start, value - start))
+            parts.append(its)
+            first += len(spans) // 2
+        encoded, assembled = assemble(new_shape, parts)
+        if len(assembled.places) != 3 * count:
+            return None
+        written = bytearray(encoded)
+        # every number written: the points were encoded with other numbers
+        lists = max((place for _first, _listed, place in numbers_of), default=-1) + 1
+        if not _write(
+            written, _KeptRequest(b"", assembled.places, [], [(None, None)] * lists), points, numbers_of
+        ):
+            return None
+        return bytes(written), assembled
 
 
 def _write(
@@ -243,8 +354,9 @@ class _Recording:
 
 def _check() -> str | None:
     """Two throwaway gRPC exporters (never connected), one patched: over pushes with new values, a new
-    start time, a number that switches between integer and float, a series more and a series less, and
-    repeated points given as their numbers (the same tuples again, then new values), the same requests."""
+    start time, a number that switches between integer and float, a series more and a series less (the
+    kept series' points put together with the new ones), series in another order, and repeated points
+    given as their numbers (the same tuples again, then new values), the same requests."""
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
@@ -271,6 +383,9 @@ def _check() -> str | None:
         same,
         new,
         same,
+        [(x, 2, 7), (y, 5, 1), (z, 3, 2)],
+        [(z, 3, 2.5), (x, 2, 7)],
+        [(y, 6, 1), (z, 3, 2.5)],
     ]
 
     # a gauge's points have no start time (the SDK's are None, whatever the annotation says)
