@@ -64,6 +64,9 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_container_info": POD,
     "numa_container_aligned": POD,
     "numa_pci_device_count": NUMA | {"pci_device_class", "pci_function_kind"},
+    # the kernel's view beside the records
+    "numa_cpu_pinned": NUMA,
+    "numa_container_allocation_mismatch": POD | {"numa_resource_kind"},
     # pod-level resources: the pod's attributes, no container name
     "numa_pod_cpu_allocated": (POD - {"k8s_container_name"}) | NUMA,
     "numa_pod_memory_allocated_bytes": (POD - {"k8s_container_name"}) | NUMA,
@@ -105,6 +108,8 @@ REQUIRED_METRICS = {
     "numa_container_memory_locality",
     "numa_agent_source_errors_total",
     "numa_agent_source_age_seconds",
+    "numa_cpu_pinned",
+    "numa_container_allocation_mismatch",
 }
 
 NODE_SENTINEL = "__node_variable__"
@@ -680,6 +685,69 @@ def test_pod_level_table_sums_per_pod_and_numa_node(tmp_path: Path) -> None:
                         "value": 1073741824,
                     }
                 ],
+            },
+        ],
+    )
+
+
+def test_records_vs_kernel_row_shows_allocated_beside_pinned_and_the_disagreements(tmp_path: Path) -> None:
+    # worker-1 NUMA 0: 4 CPUs recorded, none pinned (db's cpuset was widened); NUMA 1: 2 and 2. db disagrees
+    # on cpu and memory, cache agrees on both; another machine's disagreement is left out.
+    mismatch = "numa_container_allocation_mismatch"
+    db, cache = container("db-0", "db"), container("cache-0", "cache")
+    run_rule_test(
+        tmp_path,
+        [
+            series("numa_cpu_allocated", "4x20", k8s_node_name="worker-1", numa_node_id="0"),
+            series("numa_cpu_allocated", "2x20", k8s_node_name="worker-1", numa_node_id="1"),
+            series("numa_cpu_pinned", "0x20", k8s_node_name="worker-1", numa_node_id="0"),
+            series("numa_cpu_pinned", "2x20", k8s_node_name="worker-1", numa_node_id="1"),
+            *(series(mismatch, "1x20", **db, numa_resource_kind=kind) for kind in ("cpu", "memory")),
+            *(series(mismatch, "0x20", **cache, numa_resource_kind=kind) for kind in ("cpu", "memory")),
+            series(
+                mismatch, "1x20", **container("elsewhere-0", "main", node="other"), numa_resource_kind="cpu"
+            ),
+        ],
+        [
+            {
+                "expr": panel_expr(
+                    "CPUs per NUMA node: allocated (records) and pinned (kernel)", EVAL_VALUES, "B"
+                ),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {
+                        "labels": label_set(
+                            {
+                                "__name__": "numa_cpu_pinned",
+                                "job": "otel-numa",
+                                "instance": "10.0.0.1:9464",
+                                "k8s_node_name": "worker-1",
+                                "numa_node_id": str(numa),
+                            }
+                        ),
+                        "value": pinned,
+                    }
+                    for numa, pinned in ((0, 0), (1, 2))
+                ],
+            },
+            {
+                "expr": panel_expr("Containers: records against cgroups", EVAL_VALUES),
+                "eval_time": "10m",
+                "exp_samples": [
+                    {"labels": label_set({**labels, "numa_resource_kind": kind}), "value": value}
+                    for labels, value in ((db, 1), (cache, 0))
+                    for kind in ("cpu", "memory")
+                ],
+            },
+            {
+                "expr": panel_expr("Records against the kernel", EVAL_VALUES, "A"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": "{}", "value": 2}],
+            },
+            {
+                "expr": panel_expr("Records against the kernel", EVAL_VALUES, "B"),
+                "eval_time": "10m",
+                "exp_samples": [{"labels": "{}", "value": 2}],
             },
         ],
     )
