@@ -44,6 +44,7 @@ from otel_numa.sources.files import (
     MAX_NUMA_NODE_ID,
     OUT_OF_RANGE,
     ErrorSink,
+    KeptFiles,
     parse_cpulist,
     read_optional_text,
 )
@@ -94,12 +95,17 @@ def _child_dirs(path: str) -> list[os.DirEntry[str]]:
         raise SourceUnavailable(f"{path}: {exc.strerror or exc}") from exc
 
 
-def _kubepods_roots(hierarchy: str) -> list[str]:
-    """The kubepods cgroups directly under ``hierarchy``, else one level deeper (custom cgroup root)."""
+def _kubepods_roots(hierarchy: str, listed: list[str] | None = None) -> list[str]:
+    """The kubepods cgroups directly under ``hierarchy``, else one level deeper (custom cgroup root); each
+    directory listed goes to ``listed``."""
     top = _child_dirs(hierarchy)
+    if listed is not None:
+        listed.append(hierarchy)
     found = [entry.path for entry in top if _is_kubepods_name(entry.name)]
     if found:
         return found
+    if listed is not None:
+        listed += [entry.path for entry in top]
     return [inner.path for entry in top for inner in _child_dirs(entry.path) if _is_kubepods_name(inner.name)]
 
 
@@ -151,8 +157,10 @@ def _container_id_of(name: str) -> str | None:
     return shared_name(container_id) if _CONTAINER_ID.fullmatch(container_id) else None
 
 
-def _pods_under(kubepods: str) -> Iterator[tuple[str, str, QosClass]]:
-    """(pod directory, pod UID, QoS class) for every pod cgroup below one kubepods cgroup."""
+def _pods_under(kubepods: str, listed: list[str]) -> Iterator[tuple[str, str, QosClass]]:
+    """(pod directory, pod UID, QoS class) for every pod cgroup below one kubepods cgroup; each directory
+    listed goes to ``listed``."""
+    listed.append(kubepods)
     for entry in _child_dirs(kubepods):
         pod_uid = _pod_uid_of(entry.name)
         if pod_uid is not None:  # Guaranteed pods have no QoS level
@@ -161,24 +169,28 @@ def _pods_under(kubepods: str) -> Iterator[tuple[str, str, QosClass]]:
         qos = _qos_of_dir(entry.name)
         if qos is None:
             continue
+        listed.append(entry.path)
         for pod_entry in _child_dirs(entry.path):
             pod_uid = _pod_uid_of(pod_entry.name)
             if pod_uid is not None:
                 yield pod_entry.path, pod_uid, qos
 
 
-def find_container_cgroups(cgroup_root: Path) -> tuple[ContainerCgroup, ...]:
-    """Every container cgroup (sandboxes included) the kubelet made, for either driver and version.
+def find_container_cgroups(cgroup_root: Path, listed: list[str] | None = None) -> tuple[ContainerCgroup, ...]:
+    """Every container cgroup (sandboxes included) the kubelet made, for either driver and version; every
+    directory listed on the way (the hierarchy's root, the kubepods, QoS and pod cgroups) goes to
+    ``listed``: a container comes or goes by an entry made or removed in one of them.
 
     Raises :class:`SourceMissing` when there is no kubepods hierarchy.
     """
-    return _find(cgroup_root, detect_cgroup_layout(cgroup_root))
+    return _find(cgroup_root, detect_cgroup_layout(cgroup_root), [] if listed is None else listed)
 
 
-def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...]:
+def _find(cgroup_root: Path, layout: CgroupLayout, listed: list[str]) -> tuple[ContainerCgroup, ...]:
     found: list[ContainerCgroup] = []
-    for kubepods in _kubepods_roots(_hierarchy(cgroup_root, layout)):
-        for pod_dir, pod_uid, qos in _pods_under(kubepods):
+    for kubepods in _kubepods_roots(_hierarchy(cgroup_root, layout), listed):
+        for pod_dir, pod_uid, qos in _pods_under(kubepods, listed):
+            listed.append(pod_dir)
             for entry in _child_dirs(pod_dir):
                 container_id = _container_id_of(entry.name)
                 if container_id is not None:
@@ -189,9 +201,31 @@ def _find(cgroup_root: Path, layout: CgroupLayout) -> tuple[ContainerCgroup, ...
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def _read(path: str) -> str | None:
-    """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed)."""
-    return read_optional_text(path, limit=CGROUP_FILE_BYTES)
+def _read(path: str, files: KeptFiles | None) -> str | None:
+    """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed); through
+    ``files`` when given (kept open from one round to the next)."""
+    if files is None:
+        return read_optional_text(path, limit=CGROUP_FILE_BYTES)
+    return decoded(read_kept(files, path))
+
+
+def read_kept(files: KeptFiles, path: str) -> bytes | None:
+    """A cgroup file's bytes through ``files``, or ``None`` when it is not there."""
+    return files.read_optional(path, limit=CGROUP_FILE_BYTES)
+
+
+def decoded(data: bytes | None) -> str | None:
+    """A kernel file's text as :func:`~otel_numa.sources.files.read_text` gives it."""
+    return data.rstrip(b"\x00").decode("utf-8", errors="replace") if data is not None else None
+
+
+def container_directories(cgroup: ContainerCgroup, layout: CgroupLayout) -> tuple[str, ...]:
+    """Where a container's cgroup files are: its directory (v2), or its directories in the memory, cpuset
+    and CPU accounting hierarchies that may hold them (v1)."""
+    if layout == "v2":
+        return (cgroup.path,)
+    controllers = ("cpuset", *_V1_CPUACCT_DIRS)
+    return (cgroup.path, *(_v1_controller_dir(cgroup.path, controller) for controller in controllers))
 
 
 def _node_values(tokens: list[str], scale: int, nodes: Collection[int] | None) -> dict[int, int]:
@@ -298,27 +332,31 @@ def _v1_controller_dir(memory_dir: str, controller: str) -> str:
     return f"{root}/{controller}/{relative}"
 
 
-def _read_v2(directory: str) -> tuple[str | None, str | None, str | None, float | None]:
-    numa_stat = _read(directory + "/memory.numa_stat")
-    cpus = _read(directory + "/cpuset.cpus.effective")
-    mems = _read(directory + "/cpuset.mems.effective")
-    cpu_stat = _read(directory + "/cpu.stat")
+def _read_v2(
+    directory: str, files: KeptFiles | None
+) -> tuple[str | None, str | None, str | None, float | None]:
+    numa_stat = _read(directory + "/memory.numa_stat", files)
+    cpus = _read(directory + "/cpuset.cpus.effective", files)
+    mems = _read(directory + "/cpuset.mems.effective", files)
+    cpu_stat = _read(directory + "/cpu.stat", files)
     usage = _cpu_usage_usec(cpu_stat) if cpu_stat is not None else None
     return numa_stat, cpus, mems, usage / 1e6 if usage is not None else None
 
 
-def _read_v1(memory_dir: str) -> tuple[str | None, str | None, str | None, float | None]:
-    numa_stat = _read(memory_dir + "/memory.numa_stat")
+def _read_v1(
+    memory_dir: str, files: KeptFiles | None
+) -> tuple[str | None, str | None, str | None, float | None]:
+    numa_stat = _read(memory_dir + "/memory.numa_stat", files)
     cpuset_dir = _v1_controller_dir(memory_dir, "cpuset")
-    cpus = _read(cpuset_dir + "/cpuset.effective_cpus")
+    cpus = _read(cpuset_dir + "/cpuset.effective_cpus", files)
     if cpus is None:
-        cpus = _read(cpuset_dir + "/cpuset.cpus")
-    mems = _read(cpuset_dir + "/cpuset.effective_mems")
+        cpus = _read(cpuset_dir + "/cpuset.cpus", files)
+    mems = _read(cpuset_dir + "/cpuset.effective_mems", files)
     if mems is None:
-        mems = _read(cpuset_dir + "/cpuset.mems")
+        mems = _read(cpuset_dir + "/cpuset.mems", files)
     usage_text = None
     for controller in _V1_CPUACCT_DIRS:
-        usage_text = _read(_v1_controller_dir(memory_dir, controller) + "/cpuacct.usage")
+        usage_text = _read(_v1_controller_dir(memory_dir, controller) + "/cpuacct.usage", files)
         if usage_text is not None:
             break
     cpu_time = _int(usage_text, usage_text) / 1e9 if usage_text is not None else None
@@ -345,6 +383,54 @@ def _cpuset(text: str | None, limit: int, known: Collection[int] | None, path: s
     )  # a handful of distinct sets on a node (the shared pool, the nodes, exclusive CPUs)
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerTexts:
+    """What one container's cgroup files said: ``numa_stat`` only the lines of the memory types wanted
+    (v2), the effective cpusets as read, the CPU time; ``None`` for a file that is not there."""
+
+    numa_stat: str | None
+    cpus: str | None
+    mems: str | None
+    cpu_time_s: float | None
+
+
+def read_container_texts(
+    cgroup: ContainerCgroup,
+    layout: CgroupLayout,
+    memory_types: Collection[str] | None = None,
+    files: KeptFiles | None = None,
+) -> ContainerTexts | None:
+    """One container's cgroup files (through ``files`` when given); ``None`` when its cgroup vanished."""
+    directory = cgroup.path
+    numa_stat, cpus, mems, cpu_time = (
+        _read_v2(directory, files) if layout == "v2" else _read_v1(directory, files)
+    )
+    if (numa_stat is None or cpus is None or mems is None or cpu_time is None) and not os.path.isdir(
+        directory
+    ):
+        return None  # the container stopped while we read it: not an error
+    if numa_stat is not None and layout == "v2" and memory_types is not None:
+        numa_stat = "".join(line + "\n" for line in _lines_of(numa_stat, memory_types))
+    return ContainerTexts(numa_stat, cpus, mems, cpu_time)
+
+
+V2_FILES = ("memory.numa_stat", "cpuset.cpus.effective", "cpuset.mems.effective", "cpu.stat")
+
+
+def texts_v2(
+    numa_stat: str | None,
+    cpus: str | None,
+    mems: str | None,
+    cpu_stat: str | None,
+    memory_types: Collection[str] | None = None,
+) -> ContainerTexts:
+    """:class:`ContainerTexts` from the text of a v2 container's :data:`V2_FILES`, as read."""
+    if numa_stat is not None and memory_types is not None:
+        numa_stat = "".join(line + "\n" for line in _lines_of(numa_stat, memory_types))
+    usage = _cpu_usage_usec(cpu_stat) if cpu_stat is not None else None
+    return ContainerTexts(numa_stat, cpus, mems, usage / 1e6 if usage is not None else None)
+
+
 def read_container_usage(
     cgroup: ContainerCgroup,
     layout: CgroupLayout,
@@ -362,16 +448,31 @@ def read_container_usage(
     when known; a file naming another node or CPU is corrupt (``out_of_range``). A cpuset that cannot be
     trusted raises, or with ``on_cpuset_error`` goes there and leaves the container's cpusets unknown.
     """
+    texts = read_container_texts(cgroup, layout, memory_types)
+    if texts is None:
+        return None
+    return container_usage(
+        cgroup, layout, texts, nodes, cpu_limit, machine_cpus=machine_cpus, on_cpuset_error=on_cpuset_error
+    )
+
+
+def container_usage(
+    cgroup: ContainerCgroup,
+    layout: CgroupLayout,
+    texts: ContainerTexts,
+    nodes: Collection[int] | None = None,
+    cpu_limit: int = MAX_CPU_ID,
+    *,
+    machine_cpus: Collection[int] | None = None,
+    on_cpuset_error: ErrorSink | None = None,
+) -> ContainerNumaUsage:
+    """:func:`read_container_usage` from the texts already read (:func:`read_container_texts`)."""
     directory = cgroup.path
-    numa_stat, cpus, mems, cpu_time = _read_v2(directory) if layout == "v2" else _read_v1(directory)
-    if (numa_stat is None or cpus is None or mems is None or cpu_time is None) and not os.path.isdir(
-        directory
-    ):
-        return None  # the container stopped while we read it: not an error
+    numa_stat, cpus, mems, cpu_time = texts.numa_stat, texts.cpus, texts.mems, texts.cpu_time_s
     if numa_stat is None:
         memory: dict[str, dict[int, int]] = {}  # a kernel without CONFIG_NUMA has no numa_stat
     elif layout == "v2":
-        memory = parse_numa_stat_v2(numa_stat, memory_types, nodes)
+        memory = parse_numa_stat_v2(numa_stat, None, nodes)  # the wanted lines only, already
     else:
         memory = parse_numa_stat_v1(numa_stat, nodes=nodes)
     cpu_set: frozenset[int] | None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from otel_numa.model import ContainerIdentity, shared_name
@@ -45,3 +47,37 @@ def read_container_identities(container_logs_root: Path) -> dict[str, ContainerI
     except OSError as exc:
         raise SourceUnavailable(f"{container_logs_root}: {exc.strerror or exc}") from exc
     return identities
+
+
+# A listing is trusted while the directory's mtime stays the same only when the directory had not changed
+# for this long when it was listed: a link made just after a listing, within the filesystem's timestamp
+# granularity (a clock tick on most, one or two seconds on some), may leave the mtime as it was.
+SETTLED_S = 2.0
+
+
+class ContainerLogListing:
+    """:func:`read_container_identities`, listed again only when the directory may have changed: its
+    device, inode or mtime is not what it was, or it had changed less than :data:`SETTLED_S` before the
+    last listing. While unchanged, the same dict object is handed back (its caller must not change it)."""
+
+    def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
+        self._root = root
+        self._clock = clock  # the wall clock, which the directory's mtime comes from
+        self._stamp: tuple[int, int, int] | None = None
+        self._identities: dict[str, ContainerIdentity] | None = None
+
+    def identities(self) -> dict[str, ContainerIdentity]:
+        """Raises as :func:`read_container_identities` does."""
+        try:
+            status = os.stat(self._root)
+        except OSError:
+            status = None
+        stamp = (status.st_dev, status.st_ino, status.st_mtime_ns) if status is not None else None
+        if stamp is not None and stamp == self._stamp and self._identities is not None:
+            return self._identities
+        listed_at = self._clock()
+        self._stamp = self._identities = None
+        identities = read_container_identities(self._root)
+        if status is not None and listed_at - status.st_mtime_ns / 1e9 >= SETTLED_S:
+            self._stamp, self._identities = stamp, identities
+        return identities

@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import resource
 import stat
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +111,171 @@ def read_bytes(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
         raise _open_error(path, exc) from exc
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
+    return data
+
+
+class _OpenFiles:
+    """The files kept open by every :class:`KeptFiles` of the process together: at most half of what the
+    process may open (a DaemonSet's container may usually open a million, a login shell 1,024), so that
+    agents that a program makes and drops (tests) never leave it without descriptors."""
+
+    def __init__(self) -> None:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.budget = soft // 2 if soft != resource.RLIM_INFINITY else 1 << 20
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def close(self, fds: dict[str, int]) -> None:
+        """Close ``fds`` (path -> descriptor) and forget them."""
+        with self.lock:
+            self.count -= len(fds)
+        for fd in fds.values():
+            os.close(fd)
+        fds.clear()
+
+
+_OPEN_FILES = _OpenFiles()
+
+
+class KeptFiles:
+    """Files read again every round (each container's cgroup files), kept open between rounds: reading
+    one again is one ``pread(2)`` at offset 0 instead of open, fstat, read and close. On kernfs (sysfs,
+    cgroupfs) a read at offset 0 has the kernel print the file anew; on any other filesystem it reads what
+    the file holds now, written in place. A file replaced by another (renamed over, removed and made
+    again) is not seen through the old descriptor: the owner forgets a directory's files when its entries
+    change (:meth:`forget_under`, from an inotify event), and says in which directories files may be kept
+    at all (:meth:`retain_under`: the ones watched). A file is opened and checked as :func:`read_bytes`
+    does; at most ``capacity`` files are kept open, within the process's budget (:class:`_OpenFiles`),
+    others are opened for each read. A file that cannot be read is forgotten, and opened again at its next
+    read. Closed when dropped. Not thread-safe: one reading thread."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._fds: dict[str, int] = {}
+        self._by_directory: dict[str, set[str]] = {}
+        self._keepable: set[str] | None = None  # directories whose files may be kept; None: any
+        self._closer = weakref.finalize(self, _OPEN_FILES.close, self._fds)
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read_optional(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
+        """Like :meth:`read`, but a missing file is ``None`` instead of an error."""
+        fd = self._fds.get(path)
+        if fd is not None:  # the common case, on its own path: one pread, nothing else
+            try:
+                data = os.pread(fd, _READ_SIZE, 0)
+            except OSError:
+                data = b""
+            if 0 < len(data) < _READ_SIZE and len(data) <= limit:
+                return data
+        try:
+            return self.read(path, limit=limit)
+        except SourceMissing:
+            return None
+
+    def read(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
+        """The bytes of ``path``, as :func:`read_bytes` gives them (and raises)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            directory = os.path.dirname(path)
+            keepable = self._keepable
+            if (
+                len(self._fds) >= self.capacity
+                or (keepable is not None and directory not in keepable)
+                or _OPEN_FILES.count >= _OPEN_FILES.budget
+            ):
+                return read_bytes(path, limit=limit)
+            fd = _open_regular(path, limit)
+            with _OPEN_FILES.lock:
+                _OPEN_FILES.count += 1
+            self._fds[path] = fd
+            self._by_directory.setdefault(directory, set()).add(path)
+        try:
+            return _read_at_start(fd, path, limit)
+        except SourceError:
+            self._forget(path)
+            raise
+
+    def forget_under(self, directory: str) -> None:
+        """Close the files kept in ``directory`` (its entries changed: a file may have been replaced)."""
+        for path in self._by_directory.pop(directory, set()):
+            self._close(path)
+
+    def retain_under(self, directories: set[str]) -> None:
+        """Keep files open only in ``directories`` from now on; the others are closed."""
+        self._keepable = directories
+        for directory in [directory for directory in self._by_directory if directory not in directories]:
+            self.forget_under(directory)
+
+    def close(self) -> None:
+        _OPEN_FILES.close(self._fds)
+        self._by_directory.clear()
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            with _OPEN_FILES.lock:
+                _OPEN_FILES.count -= 1
+            os.close(fd)
+
+    def _forget(self, path: str) -> None:
+        self._close(path)
+        paths = self._by_directory.get(os.path.dirname(path))
+        if paths is not None:
+            paths.discard(path)
+            if not paths:
+                del self._by_directory[os.path.dirname(path)]
+
+
+def _open_regular(path: str, limit: int) -> int:
+    """``path`` opened as :func:`read_bytes` opens it and checked to be a regular file of at most
+    ``limit`` bytes by its size (kernfs and procfs files say 4096 or 0)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise SourceMissing(f"{path}: not found") from exc
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SourceCorrupt(f"{path}: a symbolic link, not followed", error_type=SYMLINK) from exc
+        raise _open_error(path, exc) from exc
+    try:
+        status = os.fstat(fd)
+        if stat.S_ISDIR(status.st_mode):
+            raise SourceUnavailable(f"{path}: is a directory")
+        if not stat.S_ISREG(status.st_mode):
+            raise SourceCorrupt(f"{path}: not a regular file", error_type=NOT_REGULAR)
+        if status.st_size > limit:
+            raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
+    except OSError as exc:
+        os.close(fd)
+        raise _open_error(path, exc) from exc
+    except SourceError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_at_start(fd: int, path: str, limit: int) -> bytes:
+    """The file of ``fd`` from its start, at most ``limit`` bytes (then ``too_large``)."""
+    cap = min(_READ_SIZE, limit + 1)
+    try:
+        data = os.pread(fd, cap, 0)
+        if len(data) == cap and len(data) <= limit:
+            if os.fstat(fd).st_size > limit:  # a regular file grown past the cap: not read on
+                raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
+            chunks, size = [data], len(data)
+            while size <= limit:
+                chunk = os.pread(fd, min(_READ_SIZE, limit + 1 - size), size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+    except OSError as exc:
+        raise _open_error(path, exc) from exc
     if len(data) > limit:
         raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
     return data

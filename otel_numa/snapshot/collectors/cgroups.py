@@ -2,7 +2,11 @@
 
 :meth:`CgroupCollector.refresh` runs in the agent's background thread at the export interval (it reads a few
 files per container: too much work for a scrape) and publishes a :class:`CgroupView`; the last good view is
-kept when the cgroup tree cannot be listed. A container whose cgroup vanishes while it is read has stopped
+kept when the cgroup tree cannot be listed. A round lists the tree again only when a directory of it had
+entries made or removed since the last listing (inotify: :mod:`otel_numa.sources.directory_watch`; without
+it, every round), and reads every container's files, kept open between rounds, parsing a container's again
+only when they changed (:mod:`otel_numa.sources.cgroup_rounds`); a round in which nothing changed hands back
+the very objects of the last one. A container whose cgroup vanishes while it is read has stopped
 and is left out silently; a container whose files cannot be read or parsed is left out and counted as an
 error of the ``cgroup`` source, without blanking the others; a cpuset file that cannot be trusted costs only
 its container's cpusets (the kernel's view of it) that round. :meth:`CgroupCollector.join` joins the latest
@@ -13,6 +17,7 @@ cpusets, counts the CPUs each NUMA node has pinned to one pod, and redoes it onl
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,13 +47,15 @@ from otel_numa.model import (
 from otel_numa.snapshot.container_limit import MAX_CONTAINERS, OVER_LIMIT
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.sources.cgroup_rounds import CgroupRounds
 from otel_numa.sources.cgroups import (
     ContainerCgroup,
+    container_directories,
     detect_cgroup_layout,
     find_container_cgroups,
-    read_container_usage,
 )
-from otel_numa.sources.container_logs import read_container_identities
+from otel_numa.sources.container_logs import ContainerLogListing
+from otel_numa.sources.directory_watch import DirectoryWatch
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
 from otel_numa.sources.files import MAX_CPU_ID
 
@@ -70,23 +77,26 @@ class CgroupView:
 
 
 class ContainerLogNames:
-    """Container names from the ``/var/log/containers`` link names, listed again every round.
-
-    Listing is cheap (one directory) and a directory's mtime may be too coarse to notice a link made just
-    after the last listing, so no cache. A missing directory is logged once; an unreadable one keeps the
-    last names.
+    """Container names from the ``/var/log/containers`` link names, listed again when the directory changed
+    (:class:`~otel_numa.sources.container_logs.ContainerLogListing`). A missing directory is logged once;
+    an unreadable one keeps the last names.
     """
 
     def __init__(self, container_logs_root: Path) -> None:
-        self._root = container_logs_root
+        self._listing = ContainerLogListing(container_logs_root)
+        self._listed: Mapping[str, ContainerIdentity] | None = None
         self._names: Mapping[str, ContainerIdentity] = {}
         self._reported: str | None = None
 
     def __call__(self) -> Mapping[str, ContainerIdentity]:
         try:
-            self._names = _kept_where_equal(read_container_identities(self._root), self._names)
+            listed = self._listing.identities()
+            if listed is not self._listed:
+                self._names = _kept_where_equal(dict(listed), self._names)
+                self._listed = listed
             self._reported = None
         except SourceError as error:
+            self._listed = None
             if isinstance(error, SourceMissing):
                 self._names = {}
             if self._reported != str(error):
@@ -133,11 +143,17 @@ class CgroupCollector:
         self._max_containers = max_containers
         self._clock = clock
         self._view: CgroupView | None = None
-        # the join, remembered with its inputs; CPU time splits advance once per view
+        # the tree as last listed, the directories watched for entries made or removed, and the files
+        self._walked: tuple[CgroupLayout, tuple[ContainerCgroup, ...]] | None = None
+        self._watch = DirectoryWatch()
+        self._walk_dirs: set[str] = set()
+        self._list_again = True  # a directory of the tree first watched, or not watched: list it next round
+        self._rounds = CgroupRounds(max_containers)
+        # the join, remembered with its inputs; CPU time splits advance once per round's readings
         self._join_lock = threading.Lock()
         self._joined: LastResult[Joined] = LastResult()
         self._effective: LastResult[Mapping[tuple[str, str], frozenset[int]]] = LastResult()
-        self._cpu_view: CgroupView | None = None
+        self._cpu_usages: tuple[ContainerNumaUsage, ...] | None = None
         self._cpu_machine: MachineNodes | None = None
         self._cpu_time: dict[str, CpuTimeSplit] = {}
 
@@ -152,16 +168,27 @@ class CgroupCollector:
             self._refresh()
 
     def _refresh(self) -> None:
-        try:
-            layout = detect_cgroup_layout(self._root)
-            cgroups = find_container_cgroups(self._root)
-        except SourceMissing as error:
-            self._view = None
-            self._tracker.failed(error)
-            return
-        except SourceError as error:
-            self._tracker.failed(error)  # keep the last good view
-            return
+        changed = self._watch.changed()
+        walked = self._walked
+        if walked is None or changed is None or self._list_again or not changed.isdisjoint(self._walk_dirs):
+            try:
+                listed: list[str] = []
+                walked = (detect_cgroup_layout(self._root), find_container_cgroups(self._root, listed))
+            except SourceMissing as error:
+                self._view = self._walked = None
+                self._tracker.failed(error)
+                return
+            except SourceError as error:
+                self._walked = None
+                self._tracker.failed(error)  # keep the last good view
+                return
+            self._watch_tree(*walked, listed)
+            self._walked = walked
+        if changed is None:
+            self._rounds.changed(self._watch.watched)  # a file anywhere may have been replaced
+        else:
+            self._rounds.changed(changed)
+        layout, cgroups = walked
         usages: list[ContainerNumaUsage] = []
         failures: list[SourceError] = []
         # past the limit the rest are left out and counted once a round (container_limit.py)
@@ -187,10 +214,41 @@ class CgroupCollector:
                 continue
             if usage is not None:  # None: the container stopped meanwhile
                 usages.append(usage)
-        self._view = CgroupView(layout, tuple(usages), self._names(), self._clock())
+        last = self._view
+        same = (
+            last is not None
+            and len(last.usages) == len(usages)
+            and all(map(operator.is_, last.usages, usages))
+        )
+        self._view = CgroupView(
+            layout, last.usages if same and last is not None else tuple(usages), self._names(), self._clock()
+        )
         self._tracker.succeeded(partly=bool(failures))
         for failure in failures:
             self._tracker.failed(failure)
+
+    def _watch_tree(
+        self, layout: CgroupLayout, cgroups: tuple[ContainerCgroup, ...], listed: list[str]
+    ) -> None:
+        """Watch the directories just listed (a container comes or goes by an entry there) and the
+        containers' own (a file replaced there is opened again); keep files open only where watched."""
+        walk_dirs = {str(self._root), *listed}
+        container_dirs = {
+            directory for cgroup in cgroups for directory in container_directories(cgroup, layout)
+        }
+        missed = self._watch.watch(walk_dirs | container_dirs)
+        # an entry made between the listing and its watch went unseen: a directory first watched now is
+        # listed again next round, as is one that cannot be watched
+        self._list_again = (
+            not self._watch.available or bool(walk_dirs - self._walk_dirs) or bool(missed & walk_dirs)
+        )
+        self._walk_dirs = walk_dirs
+        self._rounds.keep_only(cgroups, container_dirs - missed)
+
+    def close(self) -> None:
+        """Close the watch and the files kept open."""
+        self._watch.close()
+        self._rounds.close()
 
     def _bounded_reader(self, cpuset_failed: Callable[[SourceError], None]) -> UsageReader:
         """The file reader, bounded by the machine's NUMA ids and CPUs once its topology is known; a cpuset
@@ -199,7 +257,7 @@ class CgroupCollector:
         nodes = frozenset(topology.node_ids) if topology is not None and topology.nodes else None
         cpus = topology.online_cpus if topology is not None and topology.online_cpus else None
         cpu_limit = max(cpus) if cpus else MAX_CPU_ID
-        return lambda cgroup, layout: read_container_usage(
+        return lambda cgroup, layout: self._rounds.read(
             cgroup, layout, to_read, nodes, cpu_limit, machine_cpus=cpus, on_cpuset_error=cpuset_failed
         )
 
@@ -242,7 +300,8 @@ class CgroupCollector:
                 )
                 return usage, _pinned(view, usage, topology)
 
-            return self._joined.get((view, allocation, nodes, live_pods, topology), join)
+            inputs = (view.layout, view.usages, view.names, allocation, nodes, live_pods, topology)
+            return self._joined.get(inputs, join)
 
     def effective_cpus(self, wanted: frozenset[tuple[str, str]]) -> Mapping[tuple[str, str], frozenset[int]]:
         """The last view's effective CPUs of the ``wanted`` (pod uid, container name), where known."""
@@ -261,10 +320,10 @@ class CgroupCollector:
                         found[key] = usage.cpus
             return found
 
-        return self._effective.get((view, wanted), find)
+        return self._effective.get((view.usages, view.names, wanted), find)
 
     def _advance_cpu_time(self, view: CgroupView, nodes: MachineNodes) -> Mapping[str, CpuTimeSplit]:
-        if view is self._cpu_view and nodes == self._cpu_machine:
+        if view.usages is self._cpu_usages and nodes == self._cpu_machine:
             return self._cpu_time
         advanced: dict[str, CpuTimeSplit] = {}
         for usage in view.usages:
@@ -274,13 +333,13 @@ class CgroupCollector:
             if not shares:
                 continue
             previous = self._cpu_time.get(usage.container_id)
-            # the same view again (the machine changed): keep the totals, do not count its time twice
+            # the same readings again (the machine changed): keep the totals, do not count their time twice
             advanced[usage.container_id] = (
                 previous
-                if view is self._cpu_view and previous is not None
+                if view.usages is self._cpu_usages and previous is not None
                 else advance_cpu_time(previous, usage.cpu_time_s, shares)
             )
-        self._cpu_view, self._cpu_machine, self._cpu_time = view, nodes, advanced
+        self._cpu_usages, self._cpu_machine, self._cpu_time = view.usages, nodes, advanced
         return advanced
 
 

@@ -2,8 +2,9 @@
 
 No FUSE or NFS is at hand in a test, so the stuck filesystem is simulated where the agent reads: with
 ``OTEL_NUMA_TEST_SLOW_READ=<path>:<seconds>:<marker>`` in the environment, every read of ``<path>``
-through the sources' one read helper, while the file ``<marker>`` exists, sleeps that long in the
-reading thread before it reads, as a read stuck in the kernel would. Python imports ``sitecustomize``
+through the sources' read helpers (a file read once, or kept open between rounds), while the file
+``<marker>`` exists, sleeps that long in the reading thread before it reads, as a read stuck in the
+kernel would. Python imports ``sitecustomize``
 at start-up, also in the process the agent ``exec``s.
 """
 
@@ -28,3 +29,21 @@ if _SETTING:
         return _read_bytes(path, limit=limit)
 
     files.read_bytes = _slow_read_bytes
+    _kept_read = files.KeptFiles.read
+
+    def _slow_kept_read(self: files.KeptFiles, path: str, *, limit: int = files.SYSFS_FILE_BYTES) -> bytes:
+        if path == _slow_path and os.path.exists(_marker):
+            time.sleep(_delay_s)
+        return _kept_read(self, path, limit=limit)
+
+    files.KeptFiles.read = _slow_kept_read  # type: ignore[method-assign]
+    _kept_read_optional = files.KeptFiles.read_optional
+
+    def _slow_kept_read_optional(
+        self: files.KeptFiles, path: str, *, limit: int = files.SYSFS_FILE_BYTES
+    ) -> bytes | None:
+        if path == _slow_path and os.path.exists(_marker):
+            time.sleep(_delay_s)
+        return _kept_read_optional(self, path, limit=limit)
+
+    files.KeptFiles.read_optional = _slow_kept_read_optional  # type: ignore[method-assign]

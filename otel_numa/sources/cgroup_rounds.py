@@ -1,0 +1,156 @@
+"""Round after round of the containers' cgroup files: kept open, and parsed only when their bytes changed.
+
+cgroupfs (kernfs) keeps a file's mtime when its values change, so no stat signature can tell that
+``memory.numa_stat`` or ``cpu.stat`` changed: every round reads every container's files. What a round
+can skip is the rest: each file is kept open (:class:`~otel_numa.sources.files.KeptFiles`: one ``pread``
+a file instead of open, fstat, read and close), and a container whose files hold what they held last
+round is its last round's :class:`~otel_numa.model.ContainerNumaUsage` object again, unparsed, with the
+errors its files gave then counted again. A cgroup v2 container's small files (cpusets, ``cpu.stat``)
+are compared byte for byte; its ``memory.numa_stat`` (~1.5 KB on two NUMA nodes, ~5 KB on eight: too
+much to hold for 2,000 containers) by the interpreter's keyed 64-bit hash of its bytes, which tells two
+different files apart but for a chance of 2^-64 (that file's values would then be one change late). v1
+containers are compared by the texts parsed. The caller says which directories' entries changed
+(:meth:`CgroupRounds.changed`: a file there may have been replaced, so it is opened again) and which
+containers it still reads (:meth:`CgroupRounds.keep_only`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from otel_numa.model import CgroupLayout, ContainerNumaUsage
+from otel_numa.sources.cgroups import (
+    V2_FILES,
+    ContainerCgroup,
+    ContainerTexts,
+    container_usage,
+    decoded,
+    read_container_texts,
+    texts_v2,
+)
+from otel_numa.sources.errors import SourceError
+from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, ErrorSink, KeptFiles
+
+# Files kept open at most: four a container (within the process's budget, otel_numa.sources.files).
+FILES_PER_CONTAINER = 4
+
+
+_NUMA_STAT, _CPUS, _MEMS, _CPU_STAT = (f"/{name}" for name in V2_FILES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """A container's files last round (their texts, or for v2 what tells its bytes apart) and what they
+    gave: its usage, or the error that left it out, and the errors of its cpusets (counted again every
+    round they are read)."""
+
+    texts: object
+    usage: ContainerNumaUsage | None
+    error: SourceError | None
+    cpuset_errors: tuple[SourceError, ...]
+
+
+class CgroupRounds:
+    """Reads containers' usage round after round; one thread uses it."""
+
+    def __init__(self, containers: int) -> None:
+        self.files = KeptFiles(FILES_PER_CONTAINER * containers)
+        self._last: dict[str, _Read] = {}
+        self._bounds: tuple[object, ...] | None = None  # what the texts were judged against
+
+    def read(
+        self,
+        cgroup: ContainerCgroup,
+        layout: CgroupLayout,
+        memory_types: Collection[str] | None = None,
+        nodes: Collection[int] | None = None,
+        cpu_limit: int = MAX_CPU_ID,
+        *,
+        machine_cpus: Collection[int] | None = None,
+        on_cpuset_error: ErrorSink | None = None,
+    ) -> ContainerNumaUsage | None:
+        """:func:`~otel_numa.sources.cgroups.read_container_usage`, through the kept files, and the last
+        round's answer again while the container's texts and the machine's bounds are the same."""
+        bounds = (layout, memory_types, nodes, cpu_limit, machine_cpus)
+        if bounds != self._bounds:
+            self._last.clear()
+            self._bounds = bounds
+        last = self._last.get(cgroup.path)
+        if layout == "v2":
+            directory, read_file = cgroup.path, self.files.read_optional
+            numa_stat = read_file(directory + _NUMA_STAT, limit=CGROUP_FILE_BYTES)
+            cpus = read_file(directory + _CPUS, limit=CGROUP_FILE_BYTES)
+            mems = read_file(directory + _MEMS, limit=CGROUP_FILE_BYTES)
+            cpu_stat = read_file(directory + _CPU_STAT, limit=CGROUP_FILE_BYTES)
+            if (numa_stat is None or cpus is None or mems is None or cpu_stat is None) and not os.path.isdir(
+                directory
+            ):
+                self._last.pop(cgroup.path, None)
+                return None  # the container stopped while we read it: not an error
+            seen: object = (hash(numa_stat) if numa_stat is not None else None, cpus, mems, cpu_stat)
+            if last is None or last.texts != seen:
+                texts = texts_v2(
+                    decoded(numa_stat), decoded(cpus), decoded(mems), decoded(cpu_stat), memory_types
+                )
+                last = self._judged(cgroup, layout, seen, texts, nodes, cpu_limit, machine_cpus)
+                self._last[cgroup.path] = last
+        else:
+            read = read_container_texts(cgroup, layout, memory_types, self.files)
+            if read is None:
+                self._last.pop(cgroup.path, None)
+                return None
+            if last is None or last.texts != read:
+                last = self._judged(cgroup, layout, read, read, nodes, cpu_limit, machine_cpus)
+                self._last[cgroup.path] = last
+        for error in last.cpuset_errors:
+            if on_cpuset_error is None:
+                raise error
+            on_cpuset_error(error)
+        if last.error is not None:
+            raise last.error
+        return last.usage
+
+    def _judged(
+        self,
+        cgroup: ContainerCgroup,
+        layout: CgroupLayout,
+        seen: object,
+        texts: ContainerTexts,
+        nodes: Collection[int] | None,
+        cpu_limit: int,
+        machine_cpus: Collection[int] | None,
+    ) -> _Read:
+        cpuset_errors: list[SourceError] = []
+        try:
+            usage = container_usage(
+                cgroup,
+                layout,
+                texts,
+                nodes,
+                cpu_limit,
+                machine_cpus=machine_cpus,
+                on_cpuset_error=cpuset_errors.append,
+            )
+        except SourceError as error:
+            # kept without its traceback, whose frames would hold the file's text
+            return _Read(seen, None, error.with_traceback(None), tuple(cpuset_errors))
+        return _Read(seen, usage, None, tuple(cpuset_errors))
+
+    def changed(self, directories: Iterable[str]) -> None:
+        """Entries of these directories came or went: their files are opened again at their next read."""
+        for directory in directories:
+            self.files.forget_under(directory)
+
+    def keep_only(self, cgroups: Iterable[ContainerCgroup], kept: set[str]) -> None:
+        """Only these containers are read from now on, and only files in the ``kept`` directories (the ones
+        watched for files replaced) are kept open."""
+        paths = {cgroup.path for cgroup in cgroups}
+        for path in [path for path in self._last if path not in paths]:
+            del self._last[path]
+        self.files.retain_under(kept)
+
+    def close(self) -> None:
+        self.files.close()
+        self._last.clear()

@@ -1,0 +1,146 @@
+"""Round after round of the cgroup walk: what a round that changes nothing skips, and that every change is
+still seen the round after it is made (the tree listed again when a pod or container comes or goes, a
+file read anew when it is rewritten in place or replaced), with inotify and without it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_numa.snapshot.collectors import cgroups as collector_module
+from otel_numa.snapshot.collectors.cgroups import CgroupCollector, CgroupView, ContainerLogNames
+from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.sources import cgroups
+from otel_numa.sources.container_logs import ContainerLogListing
+from otel_numa.sources.directory_watch import DirectoryWatch
+from otel_numa.testing.checkpoints import write_atomically
+from otel_numa.testing.large_node import LargeNode, LargeNodeSpec, write_large_node
+
+SPEC = LargeNodeSpec(
+    numa_nodes=2,
+    cpus_per_node=8,
+    mem_per_node_kib=4 << 20,
+    hugepage_sizes_kib=(2048,),
+    pods=6,
+    containers_per_pod=2,
+    devices_per_resource=0,
+    exclusive_pod_every=3,
+)
+
+
+class NoInotify(DirectoryWatch):
+    """A watch that cannot be set up (no inotify, or every instance taken)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.close()
+
+
+@pytest.fixture(params=["inotify", "no inotify"])
+def watched(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "no inotify":
+        monkeypatch.setattr(collector_module, "DirectoryWatch", NoInotify)
+    return str(request.param)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> LargeNode:
+    return write_large_node(tmp_path / "node", SPEC)
+
+
+def collector(node: LargeNode) -> CgroupCollector:
+    return CgroupCollector(node.cgroup_root, ContainerLogNames(node.container_logs_root), SourceRegistry())
+
+
+def view_of(walk: CgroupCollector) -> CgroupView:
+    walk.refresh()
+    assert walk.view is not None
+    return walk.view
+
+
+def anon(view: CgroupView, container_id: str) -> dict[int, int]:
+    usage = next(usage for usage in view.usages if usage.container_id == container_id)
+    return {node: amount for node, amount in usage.memory_by_type["anon"].items() if amount}
+
+
+def test_a_round_that_changes_nothing_lists_and_parses_nothing(
+    node: LargeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk = collector(node)
+    first = view_of(walk)
+    listed: list[object] = []
+    parsed: list[object] = []
+
+    def listing(*args: Any) -> Any:
+        listed.append(args)
+        return cgroups.find_container_cgroups(*args)
+
+    def parsing(*args: Any, **kwargs: Any) -> Any:
+        parsed.append(args)
+        return cgroups.container_usage(*args, **kwargs)
+
+    monkeypatch.setattr("otel_numa.snapshot.collectors.cgroups.find_container_cgroups", listing)
+    monkeypatch.setattr("otel_numa.sources.cgroup_rounds.container_usage", parsing)
+    view_of(walk)  # the round after the first lists the directories first watched again
+    listed.clear()
+    again = view_of(walk)
+    assert again.usages is first.usages and again.names is first.names
+    assert not listed and not parsed
+    assert len(walk._rounds.files) == 4 * len(first.usages)  # every file kept open
+
+
+def test_every_change_is_seen_the_round_after_it(node: LargeNode, watched: str) -> None:
+    walk = collector(node)
+    first = view_of(walk)
+    view_of(walk)
+    pods = node.cgroup_pods(1)
+    # rewritten in place (as the kernel's files change), and replaced by a rename (another file)
+    node.write_cgroup_usage(1)
+    renamed = pods[1].containers[0]
+    directory = cgroups.find_container_cgroups(node.cgroup_root)
+    path = next(c.path for c in directory if c.container_id == renamed.container_id)
+    write_atomically(Path(path) / "memory.numa_stat", b"anon N0=4096 N1=8192\nfile N0=0 N1=0\n")
+    changed = view_of(walk)
+    assert changed.usages is not first.usages
+    in_place = pods[0].containers[0]
+    assert anon(changed, in_place.container_id) == dict(in_place.memory_bytes["anon"])
+    assert anon(changed, renamed.container_id) == {0: 4096, 1: 8192}
+    # a pod replaced: its containers go, the new pod's come
+    old = node.pods[1]
+    new = node.replace_pod(1, 1)
+    replaced = {usage.pod_uid for usage in view_of(walk).usages}
+    assert new.uid in replaced and old.uid not in replaced
+    assert len(view_of(walk).usages) == len(first.usages)
+
+
+def test_a_file_replaced_by_a_fifo_is_refused_not_read_through_its_old_descriptor(node: LargeNode) -> None:
+    registry = SourceRegistry()
+    walk = CgroupCollector(node.cgroup_root, ContainerLogNames(node.container_logs_root), registry)
+    before = len(view_of(walk).usages)
+    view_of(walk)
+    target = next(node.cgroup_root.rglob("*.scope/memory.numa_stat"))
+    target.unlink()
+    os.mkfifo(target)
+    assert len(view_of(walk).usages) == before - 1
+    (report,) = registry.reports()
+    assert report.errors.get("not_regular_file", 0) >= 1
+
+
+def test_container_log_names_are_listed_again_when_the_directory_changes(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    container_id = "a" * 64
+    (logs / f"web_shop_app-{container_id}.log").symlink_to("/nowhere")
+    now = [time.time()]
+    listing = ContainerLogListing(logs, clock=lambda: now[0])
+    first = listing.identities()
+    assert listing.identities() is not first  # changed less than SETTLED_S before it was listed
+    now[0] += 10
+    settled = listing.identities()
+    assert listing.identities() is settled  # the same directory: not listed again
+    (logs / f"web_shop_sidecar-{'b' * 64}.log").symlink_to("/nowhere")
+    assert set(listing.identities()) == {container_id, "b" * 64}
