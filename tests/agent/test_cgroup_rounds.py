@@ -5,6 +5,8 @@ file read anew when it is rewritten in place or replaced), with inotify and with
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -144,3 +146,48 @@ def test_container_log_names_are_listed_again_when_the_directory_changes(tmp_pat
     assert listing.identities() is settled  # the same directory: not listed again
     (logs / f"web_shop_sidecar-{'b' * 64}.log").symlink_to("/nowhere")
     assert set(listing.identities()) == {container_id, "b" * 64}
+
+
+def writable_cgroup2() -> Path | None:
+    """A writable cgroup v2 mount (pure v2 or the hybrid ``unified`` one), where the test may make cgroups."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        writable = len(fields) >= 4 and "rw" in fields[3].split(",") and os.access(fields[1], os.W_OK)
+        if writable and fields[2] == "cgroup2":
+            return Path(fields[1])
+    return None
+
+
+def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(tmp_path: Path) -> None:
+    """Real kernfs: a cgroup directory keeps its mtime when a child is made or removed, yet the walk sees
+    the container come and go; a kept ``cpu.stat`` read again shows the CPU time a process spent since."""
+    mount = writable_cgroup2()
+    if mount is None:
+        pytest.skip("needs a writable cgroup v2 mount (root)")
+    root = mount / f"otel-numa-test-{os.getpid()}"
+    pod = root / "kubepods.slice" / "kubepods-burstable.slice" / "kubepods-burstable-pod1234abcd_5678.slice"
+    first, second = (pod / f"cri-containerd-{digit * 64}.scope" for digit in "ab")
+    first.mkdir(parents=True)
+    walk = CgroupCollector(root, ContainerLogNames(tmp_path / "no-logs"), SourceRegistry())
+    try:
+        assert [usage.container_id for usage in view_of(walk).usages] == ["a" * 64]
+        stamp = os.stat(pod).st_mtime_ns
+        second.mkdir()
+        assert os.stat(pod).st_mtime_ns == stamp  # what no stat signature can see
+        assert sorted(usage.container_id for usage in view_of(walk).usages) == ["a" * 64, "b" * 64]
+        first.rmdir()
+        (usage,) = view_of(walk).usages
+        before = usage.cpu_time_s
+        busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
+        process = subprocess.Popen(
+            [sys.executable, "-c", busy],
+            preexec_fn=lambda: (second / "cgroup.procs").write_text(str(os.getpid())),
+        )
+        assert process.wait(timeout=30) == 0
+        (usage,) = view_of(walk).usages
+        assert before is not None and usage.cpu_time_s is not None and usage.cpu_time_s >= before + 0.15
+    finally:
+        walk.close()
+        for directory in (first, second, pod, pod.parent, pod.parent.parent, root):
+            if directory.exists():
+                directory.rmdir()
