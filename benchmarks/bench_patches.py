@@ -75,6 +75,9 @@ def measure(root: Path, tree: str, config: str, cycles: int) -> dict[str, float]
 
             return call
 
+        def close(self) -> None:
+            return None
+
     def encoding() -> MetricExporter:
         # the agent's own OTLP exporter (gRPC, as bench_cost pushes), with its translation and its patch
         exporter = OTLPMetricExporter(endpoint="http://127.0.0.1:1", insecure=True)

@@ -246,7 +246,8 @@ def run_worker(
             command += ["--profile", profile]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (agent_tree, REPO) if p is not None)
-        subprocess.run(command, cwd=REPO, env=env, check=True)
+        # run outside the checkout: ``-m`` puts the working directory first on the path, before the tree
+        subprocess.run(command, cwd=temporary, env=env, check=True)
         figures: dict[str, Any] = json.loads(out.read_text())
         return figures
 
