@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 ONCE_WAIT_S = 10.0
 START_WAIT_S = 2.0  # SIGTERM during start-up must still end within the grace period
 BACKGROUND_READ_WAIT_S = 1.0
+PUSH_TIMER_INTERVALS = 2  # without refreshes, pushes every two --interval
 
 
 class CannotListen(OSError):
@@ -129,11 +130,12 @@ class Agent:
             else []
         )
         # Pushes have a thread of their own: a collector that hangs never freezes the container data. Each
-        # refresh round is followed by a push; the push timer only matters while refreshes stop.
+        # refresh round is followed by a push; the push timer only matters while refreshes stop (at one
+        # interval it would push again before each refresh round ends: two pushes a round).
         after_refresh: list[Callable[[], None]] = []
         if self.pipeline.pushing:
             self.push_scheduler = Scheduler(
-                options.interval_s,
+                options.interval_s * PUSH_TIMER_INTERVALS,
                 [self._push],
                 name="otel-numa-push",
                 min_trigger_gap_s=options.push_min_interval_s,

@@ -73,6 +73,7 @@ class PushRecord:
         self._logged: set[str] = set()  # the kinds of failure logged since the last accepted push
         self._last_accepted = clock()  # before any: since the exporter was made
         self.last_duration_s: float | None = None
+        self.generation = object()  # another after each push: the series' callbacks reuse theirs till then
 
     def failures(self) -> Mapping[str, int]:
         with self._lock:
@@ -85,6 +86,7 @@ class PushRecord:
     def accepted(self, duration_s: float) -> None:
         with self._lock:
             self.last_duration_s = duration_s
+            self.generation = object()
             self._last_accepted = self._clock()
             failed, self._failing_since_accepted = self._failing_since_accepted, 0
             self._logged.clear()
@@ -96,6 +98,7 @@ class PushRecord:
         accepted push (none: the exporter logged it)."""
         with self._lock:
             self.last_duration_s = duration_s
+            self.generation = object()
             self._failures[error_type] += 1
             self._failing_since_accepted += 1
             first = bool(message) and kind not in self._logged

@@ -31,6 +31,12 @@ def observers(
     (``None``: it changes with every collection); ``fast_path``: whether the accelerated export path
     serves; ``pushes``: what the OTLP pushes did (none: no export series)."""
     found: dict[str, tuple[Observe, Part | None]] = dict(machine.OBSERVERS)
+    pushed: list[tuple[Mapping[str, Observe], Part | None]] = []
+    if pushes is not None:
+        pushed = [
+            (health.export_observers(pushes), lambda _snapshot: pushes.generation),
+            (health.export_age_observers(pushes), None),
+        ]
     for bodies, part in (
         (allocation.OBSERVERS, _allocation),
         (enrichment.OBSERVERS, _allocation),
@@ -38,7 +44,7 @@ def observers(
         (container_usage.PINNED_OBSERVERS, _cpu_pinned),
         (health.OBSERVERS, None),
         (health.fast_path_observers(fast_path), None),
-        (health.export_observers(pushes) if pushes is not None else {}, None),
+        *pushed,
         (compat.observers(node_name), None),
     ):
         found.update((name, (body, part)) for name, body in bodies.items())

@@ -97,6 +97,10 @@ class Pushes(Protocol):
 
     @property
     def last_duration_s(self) -> float | None: ...
+    @property
+    def generation(self) -> object:
+        """Another object after each push: the failures and the duration change only then."""
+
     def failures(self) -> Mapping[str, int]: ...
     def age_s(self) -> float: ...
 
@@ -105,7 +109,9 @@ EXPORTER = "numa.exporter"
 
 
 def export_observers(pushes: Pushes) -> dict[str, Observe]:
-    """``numa.agent.export.*``: what the OTLP pushes did (the only push exporter they describe)."""
+    """``numa.agent.export.failures`` and ``.duration``: what the OTLP pushes did (the only push exporter
+    they describe); they change with :attr:`Pushes.generation` only. ``.age`` is
+    :func:`export_age_observers`'."""
     otlp = {EXPORTER: "otlp"}
 
     def _failures(_snapshot: Snapshot) -> Iterator[Point]:
@@ -117,11 +123,14 @@ def export_observers(pushes: Pushes) -> dict[str, Observe]:
         if duration is not None:
             yield duration, otlp
 
+    return {"numa.agent.export.failures": _failures, "numa.agent.export.duration": _duration}
+
+
+def export_age_observers(pushes: Pushes) -> dict[str, Observe]:
+    """``numa.agent.export.age``: seconds since the collector last accepted a push."""
+    otlp = {EXPORTER: "otlp"}
+
     def _age(_snapshot: Snapshot) -> Iterator[Point]:
         yield pushes.age_s(), otlp
 
-    return {
-        "numa.agent.export.failures": _failures,
-        "numa.agent.export.duration": _duration,
-        "numa.agent.export.age": _age,
-    }
+    return {"numa.agent.export.age": _age}
