@@ -207,8 +207,21 @@ class Agent:
             elif budget > 0.2:
                 self.pipeline.push(timeout_s=budget)
             self.pipeline.shutdown(max(0.1, deadline - time.monotonic()))
-        if not refresh_stuck:
-            self.background.close()
+        self.store.close()
+        if not refresh_stuck:  # a read still in progress keeps its files
+            self.builder.close()
+
+    def close(self) -> None:
+        """Release an agent that was never started: the snapshot worker, the cgroup watch and the files
+        kept open, the background sources' channels (``stop`` does this for a started one)."""
+        self.store.close()
+        self.builder.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _url_host(host: str, port: int) -> str:

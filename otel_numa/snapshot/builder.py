@@ -161,6 +161,12 @@ class SnapshotBuilder:
             )
         return replace(latest, taken_at=now, sources=self.sources.reports())
 
+    def close(self) -> None:
+        """Close the background sources' channels, the cgroup watch and the files kept open."""
+        self.background.close()
+        if self.cgroups is not None:
+            self.cgroups.close()
+
     def refresh_background(self) -> None:
         """Every background read at once, in this thread (``--once`` and in-process use: no scheduler)."""
         if self.cgroups is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -88,7 +89,10 @@ class SnapshotStore:
         self._running: int | None = None  # the one in progress
         self._running_since: float | None = None
         self._worker: threading.Thread | None = None
+        self._closed = False
         self._local = threading.local()
+        # a store dropped without close() still ends its worker, which holds it only while it builds
+        weakref.finalize(self, _wake, self._changed)
 
     def _build_now(self, wait_s: float | None) -> Snapshot:
         """A snapshot built after this call began, or the stale last one when none is ready within
@@ -100,34 +104,49 @@ class SnapshotStore:
             )
             target = (self._running if self._running is not None else self._built) + 1
             self._wanted = max(self._wanted, target)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="otel-numa-collect", daemon=True)
+            if self._worker is None and not self._closed:
+                worker_args = (weakref.ref(self), self._changed)
+                self._worker = threading.Thread(
+                    target=_serve_builds, args=worker_args, name="otel-numa-collect", daemon=True
+                )
                 self._worker.start()
             self._changed.notify_all()
-            if not stuck:
-                self._changed.wait_for(lambda: self._built >= target, timeout=wait_s)
+            if not stuck and not self._closed:
+                self._changed.wait_for(lambda: self._built >= target or self._closed, timeout=wait_s)
             fresh, latest = self._built >= target, self._latest
         if fresh and latest is not None:
             return latest
         return self._stale(latest, self._clock())
 
-    def _work(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._wanted > self._built)
-                generation = self._running = self._wanted
-                self._running_since = self._clock()
-            snapshot: Snapshot | None = None
-            try:
-                snapshot = self._build()
-            except Exception:  # the stages catch their own; this is a last resort, logged
-                log.exception("building a snapshot failed; serving the last good one")
-            with self._changed:
-                if snapshot is not None:
-                    self._latest = snapshot
-                self._built = generation
-                self._running = self._running_since = None
-                self._changed.notify_all()
+    def _wants_build(self) -> bool:
+        return self._closed or self._wanted > self._built
+
+    def _begin_build(self) -> int | None:
+        """The generation to build now (the condition is held), or ``None`` once closed."""
+        if self._closed:
+            return None
+        self._running = self._wanted
+        self._running_since = self._clock()
+        return self._running
+
+    def _run_build(self, generation: int) -> None:
+        snapshot: Snapshot | None = None
+        try:
+            snapshot = self._build()
+        except Exception:  # the stages catch their own; this is a last resort, logged
+            log.exception("building a snapshot failed; serving the last good one")
+        with self._changed:
+            if snapshot is not None:
+                self._latest = snapshot
+            self._built = generation
+            self._running = self._running_since = None
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """End the worker; collections after this serve the last snapshot, aged."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def stalled_for(self) -> float:
         """Seconds the build in progress has run (0 when none runs): what ``/healthz`` judges."""
@@ -160,3 +179,22 @@ class SnapshotStore:
     def refresh(self, wait_s: float | None = None) -> Snapshot:
         """A fresh snapshot, waited for at most ``wait_s`` seconds (``None``: however long it takes)."""
         return self._build_now(wait_s)
+
+
+def _serve_builds(store_ref: weakref.ref[SnapshotStore], changed: threading.Condition) -> None:
+    """The worker: builds one generation at a time until its store is closed or collected. It holds the
+    store only while it builds, so an agent dropped without being stopped frees its files and watches."""
+    while True:
+        with changed:
+            changed.wait_for(lambda: (store := store_ref()) is None or store._wants_build())
+            store = store_ref()
+            generation = store._begin_build() if store is not None else None
+        if store is None or generation is None:
+            return
+        store._run_build(generation)
+        del store
+
+
+def _wake(changed: threading.Condition) -> None:
+    with changed:
+        changed.notify_all()

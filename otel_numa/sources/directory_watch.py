@@ -44,10 +44,7 @@ class DirectoryWatch:
         self._watches: dict[str, int] = {}
         self._overflowed = False
         self._reported: int | None = None
-        try:
-            self._inotify = INotify(nonblocking=True)
-        except OSError as error:
-            self._report(error)
+        self._closed = False
 
     @property
     def available(self) -> bool:
@@ -62,6 +59,13 @@ class DirectoryWatch:
         not be watched (gone meanwhile, or past the watch limit)."""
         wanted = set(directories)
         inotify = self._inotify
+        if inotify is None and wanted and not self._closed:
+            # made at the first directory (an instance is a per-user kernel resource, 128 by default);
+            # tried again at each call while the kernel refuses one
+            try:
+                inotify = self._inotify = INotify(nonblocking=True)
+            except OSError as error:
+                self._report(error)
         if inotify is None:
             return wanted
         for path in [path for path in self._watches if path not in wanted]:
@@ -113,6 +117,7 @@ class DirectoryWatch:
         return found
 
     def close(self) -> None:
+        self._closed = True
         if self._inotify is not None:
             self._inotify.close()
             self._inotify = None

@@ -104,7 +104,8 @@ class KubeletScenario:
 
     def exposition(self, **overrides: Any) -> str:
         """One collection by a fresh in-process agent, as Prometheus text."""
-        return self.agent(**overrides).exposition_once().decode()
+        with self.agent(**overrides) as agent:
+            return agent.exposition_once().decode()
 
     def run_once(self, *extra: str, timeout_s: float = 30) -> str:
         """``python -m otel_numa --once`` over this node, in a subprocess; its standard output."""

@@ -77,6 +77,9 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "numa_agent_stage_duration_seconds": frozenset({"numa_stage"}),
     "numa_agent_stage_success": frozenset({"numa_stage"}),
     "numa_agent_fast_path": frozenset(),
+    "numa_agent_export_failures_total": frozenset({"numa_exporter", "error_type"}),
+    "numa_agent_export_duration_seconds": frozenset({"numa_exporter"}),
+    "numa_agent_export_age_seconds": frozenset({"numa_exporter"}),
     # the agent's own process, OpenTelemetry's process semantic conventions
     "process_cpu_time_seconds_total": frozenset({"cpu_mode"}),
     "process_memory_usage_bytes": frozenset(),
@@ -356,6 +359,7 @@ def test_catalogue_follows_design_naming() -> None:
         "numa_memory_page_allocations_total",
         "numa_container_cpu_time_seconds_total",
         "numa_agent_source_errors_total",
+        "numa_agent_export_failures_total",
         "process_cpu_time_seconds_total",
     }
 

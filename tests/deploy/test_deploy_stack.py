@@ -159,8 +159,10 @@ def check_up_output(said: str, env: dict[str, str]) -> None:
     assert said.rstrip().endswith("stop it with: bash scripts/stack.sh down"), said
 
 
-def check_demo(prometheus: StackPrometheus) -> None:
-    """What the demo shows: the first query answers at once, the rules are loaded, every panel has data."""
+def check_demo(prometheus: StackPrometheus, *, pushing: bool) -> None:
+    """What the demo shows: the first query answers at once, the rules are loaded, every panel has data
+    (the OTLP push panels only where the agent pushes: without a collector it serves its page alone, and
+    they must then be empty)."""
     assert prometheus.query("numa_cpu_allocated"), "the first query after up is empty"
     [sample] = prometheus.query('numa_node_count{job="otel-numa"}')
     assert sample["metric"]["instance"] == "agent:9464", "scraped by the service's name"
@@ -196,14 +198,18 @@ def check_demo(prometheus: StackPrometheus) -> None:
         assert label_values, f"the dashboard variable {variable} has no values"
     resources = sorted({i["metric"]["numa_resource_name"] for i in prometheus.query("numa_device_capacity")})
     assert resources, "device capacity: from the podresources test server"
-    empty = []
+    empty, pushes = [], []
     for expr, repeat in targets:
         repeated = {"hugepage_size": ["2Mi"], "resource": resources}.get(repeat or "", [""])
         for value in repeated:
             filled = fill(expr, values | {"hugepage_size": value, "resource": value})
-            if not prometheus.query(filled):
+            answered = prometheus.query(filled)
+            if "numa_agent_export_" in expr and not pushing:
+                pushes.extend([filled] if answered else [])
+            elif not answered:
                 empty.append(filled)
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+    assert not pushes, "push panels with data from an agent that does not push:\n" + "\n".join(pushes)
 
 
 def check_documented_run(engine: str, env: dict[str, str]) -> None:
@@ -234,11 +240,11 @@ def test_the_readme_commands_bring_the_stack_up_and_down(environment: dict[str, 
         started = run_line(up, environment, 600)
         assert started.returncode == 0, started.stdout + started.stderr
         check_up_output(started.stderr, environment)
-        engine, _ = started_services(started.stderr)
+        engine, services = started_services(started.stderr)
         shown = run_line(status, environment, 120)
         prometheus_port = environment["OTEL_NUMA_STACK_PROMETHEUS_PORT"]
         assert shown.returncode == 0 and f"http://127.0.0.1:{prometheus_port}/" in shown.stderr, shown.stderr
-        check_demo(StackPrometheus(prometheus_port))
+        check_demo(StackPrometheus(prometheus_port), pushing="otel-collector" in services)
         check_documented_run(engine, environment)
     finally:
         stopped = run_line(down, environment, 180)
@@ -324,7 +330,10 @@ def test_a_fresh_machine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             assert step in said, f"{step!r} not said:\n{said}"
         assert (checkout / ".venv" / "bin" / "podman-compose").exists()
         check_up_output(said, env)
-        check_demo(StackPrometheus(env["OTEL_NUMA_STACK_PROMETHEUS_PORT"]))
+        _, services = started_services(said)
+        check_demo(
+            StackPrometheus(env["OTEL_NUMA_STACK_PROMETHEUS_PORT"]), pushing="otel-collector" in services
+        )
     finally:
         removed = run_line(down_images, env, 300, cwd=checkout)
     assert removed.returncode == 0, removed.stderr

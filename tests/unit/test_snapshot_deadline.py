@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
+
+import pytest
 
 from otel_numa.model import Allocation
 from otel_numa.snapshot.source_status import SourceReport
@@ -64,3 +68,46 @@ def test_a_collection_waits_for_a_build_that_starts_after_its_request() -> None:
     assert started.wait(5)
     threading.Timer(0.1, proceed.set).start()
     assert store.refresh().taken_at == 3.0
+
+
+def _collect_workers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "otel-numa-collect"]
+
+
+def test_a_closed_store_ends_its_worker_and_serves_the_last_snapshot() -> None:
+    store = SnapshotStore(lambda: Snapshot(time.monotonic(), None, Allocation(), ()), fresh_wait_s=5)
+    first = store.refresh()
+    (worker,) = [thread for thread in _collect_workers() if thread not in _before_each]
+    store.close()
+    worker.join(2)
+    assert not worker.is_alive()
+    started = time.monotonic()
+    served = store.refresh(wait_s=None)  # no worker to wait for: at once, the last one aged
+    assert time.monotonic() - started < 1.0
+    assert served.allocation is first.allocation and served.taken_at >= first.taken_at
+
+
+def test_a_store_dropped_without_close_ends_its_worker_and_frees_what_it_built_with() -> None:
+    class Builder:
+        def build(self) -> Snapshot:
+            return Snapshot(time.monotonic(), None, Allocation(), ())
+
+    builder = Builder()
+    gone = threading.Event()
+    weakref.finalize(builder, gone.set)
+    store = SnapshotStore(builder.build)
+    store.refresh()
+    (worker,) = [thread for thread in _collect_workers() if thread not in _before_each]
+    del store, builder
+    gc.collect()
+    worker.join(2)
+    assert not worker.is_alive()
+    assert gone.is_set()
+
+
+_before_each: list[threading.Thread] = []
+
+
+@pytest.fixture(autouse=True)
+def _workers_before() -> None:
+    _before_each[:] = _collect_workers()
