@@ -43,8 +43,11 @@ engine="$(pick_engine)"
 base="$(pick_base_image "$engine" "$base")"
 
 build_args=(build --tag "$tag" --build-arg "BASE_IMAGE=$base")
-# podman's default OCI format drops the HEALTHCHECK; docker format keeps it
-[ "$engine" = podman ] && build_args+=(--format docker)
+# podman's default OCI format drops the HEALTHCHECK; docker format keeps it. podman (4.x) keys a cached
+# RUN by its text alone, not by what its --mount from the builder stage holds: a cached install step can
+# keep an older agent, and a cached builder stage has failed the install (no otel-numa wheel). Its builds
+# run without the layer cache and leave no intermediate images (pip fetches the wheels again, some seconds).
+[ "$engine" = podman ] && build_args+=(--format docker --layers=false)
 ca_bundle="${OTEL_NUMA_CA_BUNDLE:-${PIP_CERT:-}}"
 if [ -n "$ca_bundle" ]; then
     [ -r "$ca_bundle" ] || die "the CA bundle $ca_bundle (OTEL_NUMA_CA_BUNDLE or PIP_CERT) cannot be read"

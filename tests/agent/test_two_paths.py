@@ -72,7 +72,9 @@ class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
     """A real OTLP/gRPC endpoint in the test process that keeps every request as it arrived: the agent's
     gRPC exporter pushes to it over a socket."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_points: int | None = None) -> None:
+        """``batch_points``: the exporters' max_export_batch_size (a push goes as requests of that many)."""
+        self.batch_points = batch_points
         self.requests: list[ExportMetricsServiceRequest] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
@@ -85,7 +87,12 @@ class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         return ExportMetricsServiceResponse()
 
     def exporter(self) -> OTLPMetricExporter:
-        exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{self.port}", insecure=True, timeout=5)
+        exporter = OTLPMetricExporter(
+            endpoint=f"http://127.0.0.1:{self.port}",
+            insecure=True,
+            timeout=5,
+            max_export_batch_size=self.batch_points,
+        )
         self.exporters.append(exporter)
         return exporter
 
@@ -119,12 +126,15 @@ def points_of(request: ExportMetricsServiceRequest) -> Iterator[Any]:
 class Both:
     """The two paths side by side over one agent's snapshots, each with a page and an OTLP push."""
 
-    def __init__(self, agent: Agent, over_grpc: bool = False) -> None:
-        """``over_grpc``: each path pushes through the gRPC OTLP exporter to a collector of its own, else
-        the requests are the exporters' encoding of each push."""
+    def __init__(self, agent: Agent, over_grpc: bool = False, batch_points: int | None = None) -> None:
+        """``over_grpc``: each path pushes through the gRPC OTLP exporter to a collector of its own (in
+        requests of ``batch_points``), else the requests are the exporters' encoding of each push."""
         self.agent = agent
+        self.batch_points = batch_points
         self.recorders: tuple[Recorder | GrpcCollector, ...] = (
-            (GrpcCollector(), GrpcCollector()) if over_grpc else (Recorder(), Recorder())
+            (GrpcCollector(batch_points), GrpcCollector(batch_points))
+            if over_grpc
+            else (Recorder(), Recorder())
         )
         self.pipelines: list[Pipeline] = []
         for path, recorder in zip((choose("auto"), PUBLIC), self.recorders, strict=True):
@@ -152,11 +162,18 @@ class Both:
                 )
                 assert fast_page == public_page, (label, accept, encoding)
                 plain = plain or fast_page[2]
+        # a push in batches: each of its requests; else the last one (a public path that rebuilds its
+        # readers sends the old readers' last request too)
+        before = [len(recorder.requests) if self.batch_points else -1 for recorder in self.recorders]
         for pipeline in self.pipelines:
             pipeline.push()
-        fast_request, public_request = (timeless(recorder.requests[-1]) for recorder in self.recorders)
-        assert fast_request == public_request, label
-        assert len(list(points_of(fast_request))) > 10
+        fast_requests, public_requests = (
+            [timeless(request) for request in recorder.requests[start:]]
+            for recorder, start in zip(self.recorders, before, strict=True)
+        )
+        assert fast_requests == public_requests, label
+        assert sum(len(list(points_of(request))) for request in fast_requests) > 10
+        self.last_push_requests = len(fast_requests)
         return plain
 
     def forget_departed(self) -> None:
@@ -174,6 +191,27 @@ class Both:
     def reused_requests(self) -> int:
         fast = self.recorders[0]
         return fast.reused() if isinstance(fast, GrpcCollector) else 0
+
+
+def test_a_push_split_in_batches_reuses_each_batchs_request(tmp_path: Path) -> None:
+    """A push of more points than the exporter's max_export_batch_size goes as several requests: on the
+    fast path each batch's request is written anew from its own kept one, the same as the public path's."""
+    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    node = write_large_node(tmp_path, spec)
+    agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
+    both = Both(agent, over_grpc=True, batch_points=50)
+    try:
+        agent.refresh_background()
+        both.compare("first")
+        batches = both.last_push_requests
+        for push in range(3):
+            both.compare(("unchanged", push))
+        reused = both.reused_requests()
+    finally:
+        both.close()
+        agent.close()
+    assert batches >= 4
+    assert reused == 3 * batches
 
 
 @pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from otel_numa.testing.demo import DEMO, demo_podresources_state
-from otel_numa.testing.peers import Prometheus, http_get, run_agent, run_prometheus, wait_for
+from otel_numa.testing.peers import Prometheus, http_get, run_agent, run_prometheus, run_rotel, wait_for
 from otel_numa.testing.podresources_server import PodResourcesServer
 from tests.support import REPO
 
@@ -77,9 +77,11 @@ def test_every_dashboard_query_returns_data(
             "--container-logs-root", str(demo_copy / "container-logs"),
             "--cgroup-root", str(demo_copy / "cgroup"),
             "--podresources-socket", str(server.socket_path), "--interval", "1", "--reserved-cpus", "0-1",
+            "--exporter", "prometheus,otlp",  # pushing, for the push panels
         ]  # fmt: skip
         with (
-            run_agent(args, tmp_path) as agent,
+            run_rotel(tmp_path) as rotel,
+            run_agent([*args, "--otlp-endpoint", f"http://127.0.0.1:{rotel.grpc_port}"], tmp_path) as agent,
             run_prometheus(tmp_path, [f"127.0.0.1:{agent.prometheus_port}"]) as prom,
         ):
             wait_for(lambda: prom.query("numa_container_memory_locality"), 40, "container series")

@@ -451,8 +451,10 @@ def test_pushes_a_collector_accepts_are_counted_as_such(node: LargeNode, tmp_pat
     with run_rotel(tmp_path) as rotel:
         args = agent_args(node, "accepted", "grpc", f"http://127.0.0.1:{rotel.grpc_port}")
         with run_agent(args, tmp_path) as agent:
+            # the first push carries no duration (none has ended); one that does was sent after the agent
+            # had recorded the first one accepted
             wait_for(
-                lambda: rotel.latest("numa.agent.export.failures"), 20, "a push carrying the export series"
+                lambda: rotel.latest("numa.agent.export.duration"), 20, "a push carrying the export series"
             )
             text = agent.metrics_text()
             _, failures = rotel.latest("numa.agent.export.failures") or ({}, None)

@@ -27,6 +27,7 @@ import sys
 import threading
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,8 @@ from otel_numa.export.otlp_wire import (
 # zlib's fastest level for the request kept between pushes: compressed when the series change,
 # decompressed at each push
 KEPT_COMPRESSION_LEVEL = 1
+# requests kept, one per batch: pushes of up to this many batches are each written into their own
+KEPT_BATCHES = 16
 _GRPC_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
 _log = logging.getLogger(__name__)
 
@@ -75,7 +78,9 @@ class _ReusedRequests:
     def __init__(self, translate: Callable[[Any], Any]) -> None:
         self._translate = translate  # the exporter's, bound to it
         self._lock = threading.Lock()
-        self._kept: _KeptRequest | None = None
+        # one kept request per batch (the exporter splits a push of more than its max_export_batch_size
+        # points into several requests), by the batch's first metric and series; the last one made first
+        self._kept: OrderedDict[tuple[object, int], _KeptRequest] = OrderedDict()
         self.reused = 0  # how many requests were the kept one with new numbers
         self.spliced = 0  # how many were put together from the kept one's points and new ones
 
@@ -127,13 +132,19 @@ class _ReusedRequests:
                         points.append(point)
                     series.append(tuple([point.attributes for point in listed]))
                     count += len(listed)
+        key = _batch_key(layout)
         with self._lock:
-            kept = self._kept
+            # a batch not seen before is put together from the last request kept, which it then replaces
+            # (a push whose first series changed)
+            kept, replaced = self._kept.pop(key, None), None
+            if kept is None and self._kept:
+                replaced, kept = next(reversed(self._kept.items()))
             # every time and value is written, start times too: a delta sum starts anew at every push, and
             # a series forgotten and observed again comes back with a new start
             if kept is not None and _same_layout(layout, kept.layout):
                 encoded = bytearray(zlib.decompress(kept.compressed))
                 if _write(encoded, kept, points, numbers_of):
+                    self._keep(key, kept)
                     self.reused += 1
                     return bytes(encoded)  # sent as they are (_PassingBytes)
             if kept is not None and kept.shape is not None and kept.series is not None:
@@ -141,19 +152,31 @@ class _ReusedRequests:
                 if spliced is not None:
                     together, parts = spliced
                     compressed = zlib.compress(together, KEPT_COMPRESSION_LEVEL)
-                    self._kept = _KeptRequest(compressed, parts.places, layout, lists, parts, series)
+                    if replaced is not None:
+                        self._kept.pop(replaced, None)
+                    self._keep(key, _KeptRequest(compressed, parts.places, layout, lists, parts, series))
                     self.spliced += 1
                     return together
             request = self._translate(data)
-            self._kept = None
             serialized = request.SerializeToString()
             shape = request_shape(serialized)
             places = shape.places if shape is not None else number_point_places(serialized)
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * count:
                 compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
-                self._kept = _KeptRequest(compressed, places, layout, lists, shape, series)
+                self._keep(key, _KeptRequest(compressed, places, layout, lists, shape, series))
             return request
+
+    def _keep(self, key: tuple[object, int], kept: _KeptRequest) -> None:
+        self._kept[key] = kept
+        self._kept.move_to_end(key)
+        while len(self._kept) > KEPT_BATCHES:
+            self._kept.popitem(last=False)
+
+    @property
+    def kept(self) -> int:
+        """How many requests are kept (one per batch of the last pushes)."""
+        return len(self._kept)
 
     def _spliced(
         self,
@@ -273,6 +296,15 @@ def _write(
             return False
         index += len(listed)
     return 3 * index == len(places)
+
+
+def _batch_key(layout: list[object]) -> tuple[object, int]:
+    """Which batch of a push a request is: its first metric's name and the identity of its first series'
+    attributes (a batch of a split push starts where the one before it ended, in the same place from one
+    push to the next while the series stay). The layout is resource, scope, metric, its series, ..."""
+    if len(layout) < 4 or type(layout[2]) is not tuple:
+        return None, 0
+    return layout[2][0], id(layout[3])
 
 
 def _same_layout(now: list[object], before: list[object]) -> bool:
@@ -428,8 +460,22 @@ def _check() -> str | None:
             client.Export(request=patched._translate_data(metrics), metadata=None, timeout=1)
             if wire.sent[-1] != plain._translate_data(metrics).SerializeToString():
                 return "the requests differ from the exporter's own"
-        if not isinstance(patched._translate_data, _ReusedRequests) or patched._translate_data._kept is None:
+        reused = patched._translate_data
+        if not isinstance(reused, _ReusedRequests) or not reused.kept:
             return "no request was kept"
+        # a push split in batches (the exporter's max_export_batch_size): each batch reuses its own request
+        before = reused.reused
+        for time, values in enumerate([same, new, same, new], start=200):
+            full = data(values, time)
+            (resource_metrics,) = full.resource_metrics
+            (scope_metrics,) = resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics:
+                batch = MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, [metric], "")], "")])
+                client.Export(request=patched._translate_data(batch), metadata=None, timeout=1)
+                if wire.sent[-1] != plain._translate_data(batch).SerializeToString():
+                    return "the batches' requests differ from the exporter's own"
+        if reused.reused - before < 6:
+            return "the batches of a split push did not reuse their requests"
         return None
     finally:
         plain.shutdown(timeout_millis=100)
