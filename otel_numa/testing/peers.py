@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -73,9 +74,9 @@ class AgentProcess:
     health_port: int | None
     log_path: Path
 
-    def metrics_text(self) -> str:
+    def metrics_text(self, timeout_s: float = 5.0) -> str:
         assert self.prometheus_port is not None
-        status, body = http_get(f"http://127.0.0.1:{self.prometheus_port}/metrics")
+        status, body = http_get(f"http://127.0.0.1:{self.prometheus_port}/metrics", timeout_s)
         assert status == 200, body
         return body.decode()
 
@@ -99,8 +100,10 @@ def run_agent(
     env: dict[str, str] | None = None,
     prometheus: bool = True,
     python: str = sys.executable,
+    open_files: int | None = None,
 ) -> Iterator[AgentProcess]:
-    """The agent in a subprocess of ``python`` (an interpreter with the agent installed), ready."""
+    """The agent in a subprocess of ``python`` (an interpreter with the agent installed), ready;
+    ``open_files``: its soft limit of descriptors (this process keeps its own)."""
     prometheus_port = free_port() if prometheus else None
     health_port = free_port()
     command = agent_command(*args, "--health-address", f"127.0.0.1:{health_port}", python=python)
@@ -110,7 +113,14 @@ def run_agent(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
     full_env.update(env or {})
     with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+        process = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+            preexec_fn=(lambda: _limit_open_files(open_files)) if open_files is not None else None,
+        )
     agent = AgentProcess(process, prometheus_port, health_port, log_path)
     try:
         try:
@@ -128,6 +138,11 @@ def run_agent(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _limit_open_files(limit: int) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
 
 
 # Prometheus -------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import re
-import resource
 import select
 import selectors
 import signal
@@ -174,21 +173,6 @@ def test_slow_and_silent_clients_starve_no_port(
         assert len(firsts) == len(set(firsts)), log  # once per server and kind
 
 
-@contextmanager
-def descriptor_limit(limit: int) -> Iterator[Callable[[], None]]:
-    """Children started inside inherit at most ``limit`` descriptors; call the result to lift it for us."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-
-    def lift() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-    try:
-        yield lift
-    finally:
-        lift()
-
-
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
@@ -199,9 +183,7 @@ def test_running_out_of_descriptors_backs_off_and_recovers(
 ) -> None:
     args = machine_args(tmp_path, hwloc_root)
     with ExitStack() as stack:
-        lift = stack.enter_context(descriptor_limit(128))
-        agent = stack.enter_context(run_agent(args, tmp_path))
-        lift()
+        agent = stack.enter_context(run_agent(args, tmp_path, open_files=128))
         assert agent.prometheus_port is not None and agent.health_port is not None
         process = psutil.Process(agent.process.pid)
         assert process.rlimit(psutil.RLIMIT_NOFILE)[0] == 128

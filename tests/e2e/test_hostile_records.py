@@ -260,7 +260,7 @@ def test_thousands_of_containers_fit_the_charts_limit(containers: int, protocol:
         ]
         with run_agent(args, tmp_path) as agent:
             peak = crowded_node_served(agent, tmp_path, containers, node)
-            page = agent.metrics_text()
+            page = agent.metrics_text(timeout_s=30)  # thousands of containers on a loaded machine
         received = rotel.batches()
     # none refused (a message over the receiver's limit is a "failed" push); a push past --otlp-timeout on
     # a busy machine is the deadline at work, and the next one carries the data
