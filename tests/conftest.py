@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import logging
 import shutil
 from collections.abc import Callable, Iterator
@@ -14,9 +15,10 @@ from otel_numa.testing.podresources_server import PodResourcesServer, short_sock
 KINDS = ("unit", "agent", "e2e", "deploy")
 
 
-# Modules whose tests share one container engine's store (images built once, the stack's containers): under
-# parallel workers (`-n`, `--dist loadgroup`) they all run on one worker, one after the other.
+# Modules whose tests share one container engine's store (images built and pruned, the stack's containers):
+# under parallel workers (`-n`) one of them runs at a time, the others' workers wait for its lock.
 ONE_ENGINE = frozenset({"test_image.py", "test_deploy_stack.py"})
+ENGINE_LOCK = Path("/tmp/otel-numa-tests-container-engine.lock")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,8 +27,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         kind = item.path.parent.name
         if kind in KINDS:
             item.add_marker(kind)
-        if item.path.name in ONE_ENGINE:
-            item.add_marker(pytest.mark.xdist_group("container-engine"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_container_engine_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.path.name not in ONE_ENGINE:
+        yield
+        return
+    with ENGINE_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

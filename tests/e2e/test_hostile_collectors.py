@@ -322,6 +322,13 @@ def test_hanging_and_trickling_collectors_cost_each_push_its_deadline_only(
         ]
         prometheus = stack.enter_context(run_prometheus(tmp_path, [agent.target for agent in agents]))
         time.sleep(HOSTILE_S)
+        # on a loaded machine an agent's first push may end after the scrapes so far: wait for one that saw it
+        names = {agent.name for agent in agents}
+        wait_for(
+            lambda: names <= set(recorded(prometheus, "numa_agent_export_duration_seconds")),
+            20,
+            "a scrape of every agent after its first push",
+        )
         check_pushes_bounded_and_data_fresh(prometheus, agents)
         # the collectors saw the agent hang up each push by its deadline, and try again
         for behaviour, peer in http_peers.items():
