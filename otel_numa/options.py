@@ -54,6 +54,8 @@ class KubeletOptions:
 class PodResourcesOptions:
     socket: Path
     interval_s: float  # the longest back-off while the socket is missing
+    # the kubelet's device-plugins directory: GetAllocatableResources is asked again when it changes
+    device_plugins: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)

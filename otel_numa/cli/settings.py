@@ -383,7 +383,7 @@ class Settings(BaseSettings):
                 else None
             ),
             podresources=(
-                PodResourcesOptions(socket, self.interval)
+                PodResourcesOptions(socket, self.interval, self.kubelet_root / "device-plugins")
                 if socket is not None and Source.PODRESOURCES in sources
                 else None
             ),

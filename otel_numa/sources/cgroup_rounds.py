@@ -17,7 +17,7 @@ containers it still reads (:meth:`CgroupRounds.keep_only`).
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from otel_numa.model import CgroupLayout, ContainerNumaUsage
@@ -31,7 +31,7 @@ from otel_numa.sources.cgroups import (
     texts_v2,
 )
 from otel_numa.sources.errors import SourceError
-from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, ErrorSink, KeptFiles
+from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, READ_SIZE, ErrorSink, KeptFiles
 
 # Files kept open at most: four a container (within the process's budget, otel_numa.sources.files).
 FILES_PER_CONTAINER = 4
@@ -70,9 +70,14 @@ class CgroupRounds:
         *,
         machine_cpus: Collection[int] | None = None,
         on_cpuset_error: ErrorSink | None = None,
+        cpusets: bool = True,
+        counters: tuple[bytes, bytes] | None = None,
     ) -> ContainerNumaUsage | None:
         """:func:`~otel_numa.sources.cgroups.read_container_usage`, through the kept files, and the last
-        round's answer again while the container's texts and the machine's bounds are the same."""
+        round's answer again while the container's texts and the machine's bounds are the same. With
+        ``cpusets`` false a v2 container's cpuset files are taken as last round's (the caller knows that
+        nothing wrote a cpuset since) and only its counters are read; ``counters`` are its
+        ``memory.numa_stat`` and ``cpu.stat`` bytes when the caller read them already."""
         bounds = (layout, memory_types, nodes, cpu_limit, machine_cpus)
         if bounds != self._bounds:
             self._last.clear()
@@ -80,10 +85,19 @@ class CgroupRounds:
         last = self._last.get(cgroup.path)
         if layout == "v2":
             directory, read_file = cgroup.path, self.files.read_optional
-            numa_stat = read_file(directory + _NUMA_STAT, limit=CGROUP_FILE_BYTES)
-            cpus = read_file(directory + _CPUS, limit=CGROUP_FILE_BYTES)
-            mems = read_file(directory + _MEMS, limit=CGROUP_FILE_BYTES)
-            cpu_stat = read_file(directory + _CPU_STAT, limit=CGROUP_FILE_BYTES)
+            numa_stat: bytes | None
+            cpu_stat: bytes | None
+            if counters is None:
+                numa_stat = read_file(directory + _NUMA_STAT, limit=CGROUP_FILE_BYTES)
+            if cpusets or last is None:
+                cpus = read_file(directory + _CPUS, limit=CGROUP_FILE_BYTES)
+                mems = read_file(directory + _MEMS, limit=CGROUP_FILE_BYTES)
+            else:
+                _, cpus, mems, _ = last.texts  # type: ignore[misc]
+            if counters is None:
+                cpu_stat = read_file(directory + _CPU_STAT, limit=CGROUP_FILE_BYTES)
+            else:
+                numa_stat, cpu_stat = counters
             if (numa_stat is None or cpus is None or mems is None or cpu_stat is None) and not os.path.isdir(
                 directory
             ):
@@ -111,6 +125,66 @@ class CgroupRounds:
         if last.error is not None:
             raise last.error
         return last.usage
+
+    def read_all(
+        self,
+        cgroups: Iterable[ContainerCgroup],
+        layout: CgroupLayout,
+        memory_types: Collection[str] | None,
+        nodes: Collection[int] | None,
+        cpu_limit: int,
+        *,
+        machine_cpus: Collection[int] | None,
+        on_cpuset_error: ErrorSink,
+        on_error: Callable[[ContainerCgroup, SourceError], None],
+        cpusets_of: Callable[[str], bool] | None = None,
+    ) -> list[ContainerNumaUsage]:
+        """Every container's usage, as :meth:`read` gives it (``cpusets_of(directory)``: whether to read
+        that container's cpusets; ``None``: every container's); a container that fails goes to
+        ``on_error``. The common round, a v2 container whose cpusets stand and whose counters hold last
+        round's bytes, is two ``pread`` calls and a comparison."""
+        usages: list[ContainerNumaUsage] = []
+        last_of, kept = self._last, self.files.kept_open
+        bounds = (layout, memory_types, nodes, cpu_limit, machine_cpus)
+        quick = layout == "v2" and cpusets_of is not None and bounds == self._bounds
+        pread = os.pread
+        for cgroup in cgroups:
+            path = cgroup.path
+            cpusets = cpusets_of is None or cpusets_of(path)
+            counters: tuple[bytes, bytes] | None = None
+            last = last_of.get(path) if quick and not cpusets else None
+            if last is not None and last.error is None and not last.cpuset_errors:
+                numa_fd, stat_fd = kept.get(path + _NUMA_STAT), kept.get(path + _CPU_STAT)
+                if numa_fd is not None and stat_fd is not None:
+                    try:
+                        numa_stat, cpu_stat = pread(numa_fd, READ_SIZE, 0), pread(stat_fd, READ_SIZE, 0)
+                    except OSError:
+                        pass  # read again the long way, which tells what is wrong
+                    else:
+                        if 0 < len(numa_stat) < READ_SIZE and 0 < len(cpu_stat) < READ_SIZE:
+                            texts = last.texts
+                            if texts[3] == cpu_stat and texts[0] == hash(numa_stat):  # type: ignore[index]
+                                usages.append(last.usage)  # type: ignore[arg-type]
+                                continue
+                            counters = (numa_stat, cpu_stat)
+            try:
+                usage = self.read(
+                    cgroup,
+                    layout,
+                    memory_types,
+                    nodes,
+                    cpu_limit,
+                    machine_cpus=machine_cpus,
+                    on_cpuset_error=on_cpuset_error,
+                    cpusets=cpusets,
+                    counters=counters,
+                )
+            except SourceError as error:
+                on_error(cgroup, error)
+                continue
+            if usage is not None:  # None: the container stopped meanwhile
+                usages.append(usage)
+        return usages
 
     def _judged(
         self,

@@ -10,6 +10,10 @@ round when none came.
 :meth:`DirectoryWatch.changed` answers ``None`` (everything may have changed) when the kernel's event
 queue overflowed or the watch could not be set up at all; a directory that cannot be watched (the user's
 inotify watch limit) is reported by :meth:`DirectoryWatch.watch`, and its owner looks at it every round.
+
+A watch made with ``written_prefixes`` also tells which directories had a file of those names written
+(:meth:`DirectoryWatch.written`): ``write(2)`` reports to inotify on cgroupfs too, so the container runtime
+writing a cgroup's ``cpuset.cpus`` is seen, while the counters the kernel updates itself are not.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ _ENTRIES = (
 class DirectoryWatch:
     """Non-blocking inotify watches on a set of directories; one thread uses it."""
 
-    def __init__(self) -> None:
+    def __init__(self, written_prefixes: tuple[str, ...] = ()) -> None:
+        self._written_prefixes = written_prefixes
+        self._mask = _ENTRIES | flags.MODIFY if written_prefixes else _ENTRIES
+        self._written: set[str] = set()
         self._inotify: INotify | None = None
         self._paths: dict[int, str] = {}  # watch descriptor -> directory
         self._watches: dict[str, int] = {}
@@ -76,7 +83,7 @@ class DirectoryWatch:
         missed: set[str] = set()
         for path in wanted - self._watches.keys():
             try:
-                descriptor = inotify.add_watch(path, _ENTRIES)
+                descriptor = inotify.add_watch(path, self._mask)
             except OSError as error:
                 if error.errno not in (errno.ENOENT, errno.ENOTDIR):
                     self._report(error)
@@ -94,6 +101,7 @@ class DirectoryWatch:
         if inotify is None:
             return None
         found: set[str] = set()
+        prefixes, written = self._written_prefixes, self._written
         while True:
             try:
                 events = inotify.read(timeout=0)
@@ -108,6 +116,10 @@ class DirectoryWatch:
                 path = self._paths.get(event.wd)
                 if path is None:
                     continue
+                if event.mask & flags.MODIFY:
+                    if event.name.startswith(prefixes):
+                        written.add(path)
+                    continue
                 found.add(path)
                 if event.mask & (flags.IGNORED | flags.DELETE_SELF | flags.MOVE_SELF):
                     self._forget(event.wd)
@@ -115,6 +127,12 @@ class DirectoryWatch:
             self._overflowed = False
             return None
         return found
+
+    def written(self) -> set[str]:
+        """The watched directories where a file named with one of ``written_prefixes`` was written since
+        the last call (read by :meth:`changed`, which comes first)."""
+        written, self._written = self._written, set()
+        return written
 
     def close(self) -> None:
         self._closed = True

@@ -10,7 +10,7 @@ import resource
 import stat
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing, 
 ErrorSink = Callable[[SourceError], None]
 
 # More than any sysfs attribute holds (one page): such a file comes back in a single read.
-_READ_SIZE = 1 << 16
+READ_SIZE = 1 << 16
 
 # Highest CPU id accepted anywhere (CPU lists, masks, the kubelet's CPU sets): far above any kernel's
 # NR_CPUS (8192), low enough that a corrupt range such as "0-999999999" cannot exhaust memory. Where the
@@ -96,12 +96,12 @@ def read_bytes(path: str | Path, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
         if status.st_size > limit:  # a real file says its size; sysfs and procfs files say 4096 or 0
             raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
         # one read is the whole file unless it fills the buffer: then read on to the end (or the limit)
-        cap = min(_READ_SIZE, limit + 1)
+        cap = min(READ_SIZE, limit + 1)
         data = os.read(fd, cap)
         if len(data) == cap and len(data) <= limit:
             chunks, size = [data], len(data)
             while size <= limit:
-                chunk = os.read(fd, min(_READ_SIZE, limit + 1 - size))
+                chunk = os.read(fd, min(READ_SIZE, limit + 1 - size))
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -161,15 +161,21 @@ class KeptFiles:
     def __len__(self) -> int:
         return len(self._fds)
 
+    @property
+    def kept_open(self) -> Mapping[str, int]:
+        """Path -> descriptor of the files kept open now (read with ``pread`` at offset 0; a read that
+        fails, is empty or fills :data:`READ_SIZE` is read again with :meth:`read`)."""
+        return self._fds
+
     def read_optional(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
         """Like :meth:`read`, but a missing file is ``None`` instead of an error."""
         fd = self._fds.get(path)
         if fd is not None:  # the common case, on its own path: one pread, nothing else
             try:
-                data = os.pread(fd, _READ_SIZE, 0)
+                data = os.pread(fd, READ_SIZE, 0)
             except OSError:
                 data = b""
-            if 0 < len(data) < _READ_SIZE and len(data) <= limit:
+            if 0 < len(data) < READ_SIZE and len(data) <= limit:
                 return data
         try:
             return self.read(path, limit=limit)
@@ -260,7 +266,7 @@ def _open_regular(path: str, limit: int) -> int:
 
 def _read_at_start(fd: int, path: str, limit: int) -> bytes:
     """The file of ``fd`` from its start, at most ``limit`` bytes (then ``too_large``)."""
-    cap = min(_READ_SIZE, limit + 1)
+    cap = min(READ_SIZE, limit + 1)
     try:
         data = os.pread(fd, cap, 0)
         if len(data) == cap and len(data) <= limit:
@@ -268,7 +274,7 @@ def _read_at_start(fd: int, path: str, limit: int) -> bytes:
                 raise SourceCorrupt(f"{path}: larger than {limit} bytes", error_type=TOO_LARGE)
             chunks, size = [data], len(data)
             while size <= limit:
-                chunk = os.pread(fd, min(_READ_SIZE, limit + 1 - size), size)
+                chunk = os.pread(fd, min(READ_SIZE, limit + 1 - size), size)
                 if not chunk:
                     break
                 chunks.append(chunk)

@@ -1,6 +1,7 @@
 """Round after round of the cgroup walk: what a round that changes nothing skips, and that every change is
 still seen the round after it is made (the tree listed again when a pod or container comes or goes, a
-file read anew when it is rewritten in place or replaced), with inotify and without it."""
+file read anew when it is rewritten in place or replaced, a cpuset read again when it is written), with
+inotify and without it."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ SPEC = LargeNodeSpec(
 class NoInotify(DirectoryWatch):
     """A watch that cannot be set up (no inotify, or every instance taken)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, written_prefixes: tuple[str, ...] = ()) -> None:
+        super().__init__(written_prefixes)
         self.close()
 
 
@@ -119,6 +120,84 @@ def test_every_change_is_seen_the_round_after_it(node: LargeNode, watched: str) 
     assert len(view_of(walk).usages) == len(first.usages)
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cpus_of(view: CgroupView, container_id: str) -> frozenset[int] | None:
+    usage = next(usage for usage in view.usages if usage.container_id == container_id)
+    return usage.cpus
+
+
+def first_container(node: LargeNode) -> tuple[str, Path]:
+    found = cgroups.find_container_cgroups(node.cgroup_root)[0]
+    return found.container_id, Path(found.path)
+
+
+def test_a_round_that_changes_nothing_reads_no_cpuset(
+    node: LargeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk = collector(node)
+    view_of(walk)
+    view_of(walk)
+    read: list[str] = []
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        read.extend(path for path, kept in walk._rounds.files.kept_open.items() if kept == fd)
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    view_of(walk)
+    assert read and all(path.endswith(("/memory.numa_stat", "/cpu.stat")) for path in read)
+    assert len(read) == 2 * len(walk._rounds.files) // 4
+
+
+def test_a_cpuset_written_is_read_the_round_after(node: LargeNode, watched: str) -> None:
+    walk = collector(node)
+    container_id, directory = first_container(node)
+    view_of(walk)
+    view_of(walk)
+    (directory / "cpuset.cpus.effective").write_text("5\n")  # in place, as the runtime's write
+    assert cpus_of(view_of(walk), container_id) == frozenset({5})
+    (directory / "cpuset.cpus.effective").write_text("6-7\n")
+    assert cpus_of(view_of(walk), container_id) == frozenset({6, 7})
+
+
+def test_cpusets_changed_unseen_are_read_again_within_their_longest_age(node: LargeNode) -> None:
+    """The kernel changes effective cpusets without a write (CPU hotplug): no event comes, and every
+    container's cpusets are read again at least every CPUSETS_MAX_AGE_S."""
+    clock = Clock()
+    walk = CgroupCollector(
+        node.cgroup_root, ContainerLogNames(node.container_logs_root), SourceRegistry(), clock=clock
+    )
+    container_id, directory = first_container(node)
+    before = cpus_of(view_of(walk), container_id)
+    view_of(walk)
+    (directory / "cpuset.cpus.effective").write_text("5\n")
+    walk._watch.changed(), walk._watch.written()  # the event is lost: as if the kernel changed it
+    clock.now += collector_module.CPUSETS_MAX_AGE_S - 1
+    assert cpus_of(view_of(walk), container_id) == before  # skipped: nothing said it changed
+    clock.now += 1
+    assert cpus_of(view_of(walk), container_id) == frozenset({5})
+
+
+def test_a_cpuset_written_above_the_containers_has_every_container_read_again(node: LargeNode) -> None:
+    walk = collector(node)
+    container_id, directory = first_container(node)
+    view_of(walk)
+    view_of(walk)
+    # the kernel changes a child's effective cpuset when its parent's is written: no event in the child
+    (directory / "cpuset.cpus.effective").write_text("5\n")
+    walk._watch.changed(), walk._watch.written()
+    (directory.parent / "cpuset.cpus").write_text("5\n")
+    assert cpus_of(view_of(walk), container_id) == frozenset({5})
+
+
 def test_a_file_replaced_by_a_fifo_is_refused_not_read_through_its_old_descriptor(node: LargeNode) -> None:
     registry = SourceRegistry()
     walk = CgroupCollector(node.cgroup_root, ContainerLogNames(node.container_logs_root), registry)
@@ -178,12 +257,17 @@ def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(t
         first.rmdir()
         (usage,) = view_of(walk).usages
         before = usage.cpu_time_s
+        # a write to a cgroup's file reports to inotify (as the runtime writing cpuset.cpus does)
+        writes = DirectoryWatch(written_prefixes=("cgroup.procs",))
+        assert not writes.watch([str(second)])
         busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
         process = subprocess.Popen(
             [sys.executable, "-c", busy],
             preexec_fn=lambda: (second / "cgroup.procs").write_text(str(os.getpid())),
         )
         assert process.wait(timeout=30) == 0
+        assert writes.changed() == set() and writes.written() == {str(second)}
+        writes.close()
         (usage,) = view_of(walk).usages
         assert before is not None and usage.cpu_time_s is not None and usage.cpu_time_s >= before + 0.15
     finally:

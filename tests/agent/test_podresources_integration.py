@@ -3,6 +3,7 @@ a synthetic node (2 NUMA nodes: CPUs 0-3 and 4-7), checkpoints written as the ku
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -12,7 +13,9 @@ import pytest
 
 from otel_numa.daemon.agent import Agent
 from otel_numa.proto import podresources_v1_pb2 as pb
-from otel_numa.testing.checkpoints import write_cpu_manager_state
+from otel_numa.snapshot.collectors.podresources import ALLOCATABLE_MAX_AGE_S, PodResourcesRefresher
+from otel_numa.snapshot.source_status import SourceRegistry
+from otel_numa.testing.checkpoints import write_atomically, write_cpu_manager_state
 from otel_numa.testing.kubelet_scenario import (
     KubeletScenario,
     ScenarioPod,
@@ -289,3 +292,76 @@ def test_slow_kubelet_never_slows_prometheus_scrapes_end_to_end(
         finally:
             server.state.delay_s = 0
             agent.stop(timeout_s=2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settled(path: Path) -> None:
+    """As if the directory last changed a minute ago (a change within a second is not trusted)."""
+    past = time.time() - 60
+    os.utime(path, (past, past))
+
+
+def gpus(count: int) -> pb.AllocatableResourcesResponse:
+    return pb.AllocatableResourcesResponse(
+        devices=[
+            pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=[f"gpu{i}"], topology=topology(0))
+            for i in range(count)
+        ]
+    )
+
+
+def test_allocatable_is_asked_again_when_the_kubelet_or_a_device_plugin_changes(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """GetAllocatableResources changes only when a device plugin registers, leaves or reports other devices
+    (the kubelet rewrites its device checkpoint) or the kubelet restarts: List is asked every round, it only
+    then, and at least every ALLOCATABLE_MAX_AGE_S."""
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    settled(plugins)
+    clock = Clock()
+    with PodResourcesServer(socket_dir / "kubelet.sock") as server:
+        server.state.allocatable = gpus(1)
+        refresher = PodResourcesRefresher(
+            server.socket_path, SourceRegistry(), 15.0, clock=clock, device_plugins=plugins
+        )
+
+        def allocated_gpus() -> int:
+            refresher.refresh()
+            assert refresher.latest is not None and refresher.latest.allocatable is not None
+            return len(refresher.latest.allocatable.devices)
+
+        assert [allocated_gpus() for _ in range(3)] == [1, 1, 1]
+        assert server.calls["List"] == 3 and server.calls["GetAllocatableResources"] == 1
+        # a plugin registers (its socket in the directory) and reports a second GPU
+        server.state.allocatable = gpus(2)
+        (plugins / "nvidia-gpu.sock").touch()
+        assert allocated_gpus() == 2  # changed within the last second: asked
+        settled(plugins)
+        assert allocated_gpus() == 2
+        calls = server.calls["GetAllocatableResources"]
+        assert allocated_gpus() == 2 and server.calls["GetAllocatableResources"] == calls
+        # a device turns unhealthy: the kubelet replaces its checkpoint
+        server.state.allocatable = gpus(1)
+        write_atomically(plugins / "kubelet_internal_checkpoint", b"{}")
+        settled(plugins / "kubelet_internal_checkpoint")
+        settled(plugins)
+        assert allocated_gpus() == 1
+        # no sign at all: still asked once its answer is ALLOCATABLE_MAX_AGE_S old
+        server.state.allocatable = gpus(3)
+        assert allocated_gpus() == 1
+        clock.now += ALLOCATABLE_MAX_AGE_S
+        assert allocated_gpus() == 3
+        refresher.close()
+    # the kubelet restarts: a new socket
+    with PodResourcesServer(socket_dir / "kubelet.sock") as restarted:
+        restarted.state.allocatable = gpus(4)
+        assert allocated_gpus() == 4
+        refresher.close()

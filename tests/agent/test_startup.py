@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.testing.peers import agent_command, free_port, run_agent
+from otel_numa.testing.peers import agent_command, free_port, run_agent, wait_for
 from tests.support import REPO
 
 
@@ -52,6 +52,8 @@ def test_start_up_log_names_every_address_and_source(tmp_path: Path) -> None:
         *("--interval", "60", "--podresources-socket", "none"),
     ]
     with run_agent(args, tmp_path) as agent:
+        # the lines follow readiness: the last of them, "sources found", ends the start-up
+        wait_for(lambda: "sources found:" in agent.log(), 30, "the start-up log")
         log = agent.log()
     assert f"Prometheus page: http://127.0.0.1:{agent.prometheus_port}/metrics" in log
     assert f"health: http://127.0.0.1:{agent.health_port}/healthz and " in log

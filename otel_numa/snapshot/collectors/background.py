@@ -35,7 +35,13 @@ class BackgroundSources:
         topology: Callable[[], Topology | None] = lambda: None,
     ) -> None:
         self.podresources = (
-            PodResourcesRefresher(podresources.socket, registry, podresources.interval_s, topology=topology)
+            PodResourcesRefresher(
+                podresources.socket,
+                registry,
+                podresources.interval_s,
+                topology=topology,
+                device_plugins=podresources.device_plugins,
+            )
             if podresources is not None
             else None
         )

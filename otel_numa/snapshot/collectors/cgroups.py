@@ -4,14 +4,19 @@
 files per container: too much work for a scrape) and publishes a :class:`CgroupView`; the last good view is
 kept when the cgroup tree cannot be listed. A round lists the tree again only when a directory of it had
 entries made or removed since the last listing (inotify: :mod:`otel_numa.sources.directory_watch`; without
-it, every round), and reads every container's files, kept open between rounds, parsing a container's again
-only when they changed (:mod:`otel_numa.sources.cgroup_rounds`); a round in which nothing changed hands back
-the very objects of the last one. A container whose cgroup vanishes while it is read has stopped
-and is left out silently; a container whose files cannot be read or parsed is left out and counted as an
-error of the ``cgroup`` source, without blanking the others; a cpuset file that cannot be trusted costs only
-its container's cpusets (the kernel's view of it) that round. :meth:`CgroupCollector.join` joins the latest
-view with the kubelet's allocation when a snapshot is built, compares each container's record with its
-cpusets, counts the CPUs each NUMA node has pinned to one pod, and redoes it only when an input changed.
+it, every round), and reads every container's counters, kept open between rounds, parsing a container's
+again only when they changed (:mod:`otel_numa.sources.cgroup_rounds`); a round in which nothing changed
+hands back the very objects of the last one. A container's cpuset files (v2) are read again only when a
+cpuset of its cgroup or of a cgroup above it was written (inotify reports ``write(2)`` on cgroupfs: the
+runtime pinning a container), when the machine's CPUs changed, and at least every
+:data:`CPUSETS_MAX_AGE_S`: the kernel also changes effective cpusets without a write (CPU hotplug, a
+partition elsewhere in the tree), which nothing reports. A container whose cgroup vanishes while it is
+read has stopped and is left out silently; a container whose files cannot be read or parsed is left out and
+counted as an error of the ``cgroup`` source, without blanking the others; a cpuset file that cannot be
+trusted costs only its container's cpusets (the kernel's view of it) that round.
+:meth:`CgroupCollector.join` joins the latest view with the kubelet's allocation when a snapshot is built,
+compares each container's record with its cpusets, counts the CPUs each NUMA node has pinned to one pod,
+and redoes it only when an input changed.
 """
 
 from __future__ import annotations
@@ -60,6 +65,11 @@ from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
 from otel_numa.sources.files import MAX_CPU_ID
 
 log = logging.getLogger(__name__)
+
+# every container's cpuset files are read at least this often, written or not
+CPUSETS_MAX_AGE_S = 60.0
+# files whose writes change a cgroup's effective cpusets, or its children's
+_CPUSET_WRITES = ("cpuset.", "cgroup.subtree_control")
 
 # container id -> identity; any provider will do (container log links, the container runtime)
 NameLookup = Callable[[], Mapping[str, ContainerIdentity]]
@@ -145,8 +155,10 @@ class CgroupCollector:
         self._view: CgroupView | None = None
         # the tree as last listed, the directories watched for entries made or removed, and the files
         self._walked: tuple[CgroupLayout, tuple[ContainerCgroup, ...]] | None = None
-        self._watch = DirectoryWatch()
+        self._watch = DirectoryWatch(written_prefixes=_CPUSET_WRITES)
         self._walk_dirs: set[str] = set()
+        self._container_dirs: set[str] = set()
+        self._cpusets_read_at = -CPUSETS_MAX_AGE_S  # when every container's cpusets were last read
         self._list_again = True  # a directory of the tree first watched, or not watched: list it next round
         self._rounds = CgroupRounds(max_containers)
         # the join, remembered with its inputs; CPU time splits advance once per round's readings
@@ -169,6 +181,7 @@ class CgroupCollector:
 
     def _refresh(self) -> None:
         changed = self._watch.changed()
+        written = self._watch.written()
         walked = self._walked
         if walked is None or changed is None or self._list_again or not changed.isdisjoint(self._walk_dirs):
             try:
@@ -202,18 +215,25 @@ class CgroupCollector:
             # the first by pod UID, as the records' series keep theirs: the same pods have both
             by_pod = sorted(cgroups, key=lambda cgroup: (cgroup.pod_uid, cgroup.container_id))
             cgroups = tuple(by_pod[: self._max_containers])
-        read = self._reader or self._bounded_reader(failures.append)
-        for cgroup in cgroups:
-            try:
-                usage = read(cgroup, layout)
-            except SourceError as error:
-                # a new error, without the traceback whose frames would hold the file's text until a cyclic
-                # collection; named by its cgroup
-                message = str(error) if str(error).startswith(cgroup.path) else f"{cgroup.path}: {error}"
-                failures.append(type(error)(message, error_type=error.error_type))
-                continue
-            if usage is not None:  # None: the container stopped meanwhile
-                usages.append(usage)
+
+        def failed(cgroup: ContainerCgroup, error: SourceError) -> None:
+            # a new error, without the traceback whose frames would hold the file's text until a cyclic
+            # collection; named by its cgroup
+            message = str(error) if str(error).startswith(cgroup.path) else f"{cgroup.path}: {error}"
+            failures.append(type(error)(message, error_type=error.error_type))
+
+        if self._reader is None:
+            cpusets_of = self._cpusets_to_read(changed, written)
+            usages = self._read_all(layout, cgroups, cpusets_of, failures, failed)
+        else:
+            for cgroup in cgroups:
+                try:
+                    usage = self._reader(cgroup, layout)
+                except SourceError as error:
+                    failed(cgroup, error)
+                    continue
+                if usage is not None:  # None: the container stopped meanwhile
+                    usages.append(usage)
         last = self._view
         same = (
             last is not None
@@ -243,6 +263,7 @@ class CgroupCollector:
             not self._watch.available or bool(walk_dirs - self._walk_dirs) or bool(missed & walk_dirs)
         )
         self._walk_dirs = walk_dirs
+        self._container_dirs = container_dirs - missed
         self._rounds.keep_only(cgroups, container_dirs - missed)
 
     def close(self) -> None:
@@ -250,15 +271,45 @@ class CgroupCollector:
         self._watch.close()
         self._rounds.close()
 
-    def _bounded_reader(self, cpuset_failed: Callable[[SourceError], None]) -> UsageReader:
-        """The file reader, bounded by the machine's NUMA ids and CPUs once its topology is known; a cpuset
-        that cannot be trusted goes to ``cpuset_failed`` and costs only that container's cpusets."""
-        topology, to_read = self._topology(), self._to_read
+    def _cpusets_to_read(self, changed: set[str] | None, written: set[str]) -> Callable[[str], bool] | None:
+        """Which containers' cpusets this round reads, by their directory; ``None``: every container's
+        (no inotify, the queue overflowed, a cpuset above the containers was written, or it is time)."""
+        now = self._clock()
+        if (
+            changed is None
+            or not self._watch.available
+            or now - self._cpusets_read_at >= CPUSETS_MAX_AGE_S
+            or not written <= self._container_dirs
+        ):
+            self._cpusets_read_at = now
+            return None
+        # a file replaced (a disk or tmpfs tree) is read again too, as is a directory not watched
+        dirty, watched = written | changed, self._container_dirs
+        return lambda directory: directory in dirty or directory not in watched
+
+    def _read_all(
+        self,
+        layout: CgroupLayout,
+        cgroups: tuple[ContainerCgroup, ...],
+        cpusets_of: Callable[[str], bool] | None,
+        failures: list[SourceError],
+        failed: Callable[[ContainerCgroup, SourceError], None],
+    ) -> list[ContainerNumaUsage]:
+        """Every container's usage, bounded by the machine's NUMA ids and CPUs once its topology is known;
+        a cpuset that cannot be trusted costs only that container's cpusets."""
+        topology = self._topology()
         nodes = frozenset(topology.node_ids) if topology is not None and topology.nodes else None
         cpus = topology.online_cpus if topology is not None and topology.online_cpus else None
-        cpu_limit = max(cpus) if cpus else MAX_CPU_ID
-        return lambda cgroup, layout: self._rounds.read(
-            cgroup, layout, to_read, nodes, cpu_limit, machine_cpus=cpus, on_cpuset_error=cpuset_failed
+        return self._rounds.read_all(
+            cgroups,
+            layout,
+            self._to_read,
+            nodes,
+            max(cpus) if cpus else MAX_CPU_ID,
+            machine_cpus=cpus,
+            on_cpuset_error=failures.append,
+            on_error=failed,
+            cpusets_of=cpusets_of,
         )
 
     def containers(

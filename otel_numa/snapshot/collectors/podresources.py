@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Source.PODRESOURCES
 FIRST_RETRY_S = 0.5
+# GetAllocatableResources is asked again at least this often, whatever the kubelet's files say
+ALLOCATABLE_MAX_AGE_S = 60.0
+# a directory or file changed this recently may change again within its mtime's tick, unseen
+RACY_NS = 1_000_000_000
+DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 class PodResourcesRefresher:
@@ -49,6 +54,13 @@ class PodResourcesRefresher:
     disappears drops it, and the checkpoints alone decide again. An answer is read within the machine's
     limits once its topology is known (an answer naming ids it lacks, or past a cap, is refused whole and
     counted like a failed RPC).
+
+    ``List`` is asked every round: a pod leaves it when the API server deletes it, which no file on the
+    node tells. ``GetAllocatableResources`` changes only when a device plugin registers, leaves or reports
+    other devices (the kubelet then rewrites its device checkpoint, by rename, in the device-plugins
+    directory, where the plugins' sockets are too) or when the kubelet restarts (a new socket): it is asked
+    again when the socket's or that directory's signature changed (:func:`allocatable_signature`), when the
+    machine's limits changed, and at least every :data:`ALLOCATABLE_MAX_AGE_S`.
     """
 
     def __init__(
@@ -60,8 +72,13 @@ class PodResourcesRefresher:
         client: PodResourcesClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         topology: Callable[[], Topology | None] = lambda: None,
+        device_plugins: Path | None = None,
     ) -> None:
         self._socket_path = socket_path
+        self._device_plugins = device_plugins
+        # the signature GetAllocatableResources was last answered under, and when
+        self._allocatable_seen: tuple[object, ...] | None = None
+        self._allocatable_at = 0.0
         self._topology = topology
         self._client_instance = client
         self._tracker = registry.tracker(SOURCE)
@@ -100,9 +117,9 @@ class PodResourcesRefresher:
         limits = self._limits()
         try:
             pods = self._client().list_pods(limits)
-            allocatable = self._allocatable(limits)
+            allocatable = self._allocatable_now(limits, now)
         except SourceMissing as missing:
-            self._latest = None
+            self._latest = self._allocatable_seen = None
             self._retry_delay_s = min(self._interval_s, max(FIRST_RETRY_S, 2 * self._retry_delay_s))
             self._next_attempt = now + self._retry_delay_s
             self._tracker.failed(missing)
@@ -120,6 +137,22 @@ class PodResourcesRefresher:
         if topology is None or not topology.online_cpus:
             return MachineLimits()
         return MachineLimits(max(topology.online_cpus), frozenset(topology.node_ids))
+
+    def _allocatable_now(self, limits: MachineLimits, now: float) -> AllocatableResources | None:
+        """The last answer again while nothing tells that it changed, else a new one."""
+        signature = allocatable_signature(self._socket_path, self._device_plugins, limits)
+        latest = self._latest
+        if (
+            signature is not None
+            and signature == self._allocatable_seen
+            and latest is not None
+            and now - self._allocatable_at < ALLOCATABLE_MAX_AGE_S
+        ):
+            return latest.allocatable
+        self._allocatable_seen = None  # until answered
+        allocatable = self._allocatable(limits)
+        self._allocatable_seen, self._allocatable_at = signature, now
+        return allocatable
 
     def _allocatable(self, limits: MachineLimits) -> AllocatableResources | None:
         if self._allocatable_unimplemented:
@@ -167,6 +200,31 @@ class PodResourcesRefresher:
                 )
             )
         self._counted_disagreements = disagreements
+
+
+def allocatable_signature(
+    socket: Path, device_plugins: Path | None, limits: MachineLimits
+) -> tuple[object, ...] | None:
+    """What GetAllocatableResources' answer depends on that a stat can tell: the socket (a restarted
+    kubelet makes it anew), the device-plugins directory (a plugin's socket made or removed, the device
+    checkpoint replaced) and the checkpoint itself (written in place); ``None`` when that cannot be known
+    (no such directory, or one changed within the last second)."""
+    if device_plugins is None:
+        return None
+    try:
+        sock = os.stat(socket)
+        directory = os.stat(device_plugins)
+    except OSError:
+        return None
+    try:
+        checkpoint = os.stat(device_plugins / DEVICE_CHECKPOINT)
+        written: tuple[int, int, int] | None = (checkpoint.st_ino, checkpoint.st_size, checkpoint.st_mtime_ns)
+    except OSError:
+        written = None
+    newest = max(directory.st_mtime_ns, written[2] if written is not None else 0)
+    if time.time_ns() - newest < RACY_NS:
+        return None
+    return (sock.st_ino, sock.st_ctime_ns, directory.st_ino, directory.st_mtime_ns, written, limits)
 
 
 def checkpoint_uids(state: KubeletState) -> frozenset[str]:
