@@ -56,9 +56,9 @@ RESIDENT_MEMORY_TYPES: Mapping[CgroupLayout, tuple[str, ...]] = {
 }
 
 
-def memory_types_to_read(exported: frozenset[str]) -> frozenset[str]:
+def memory_types_to_read(exported: frozenset[str], layout: CgroupLayout) -> frozenset[str]:
     """The ``memory.numa_stat`` types a round must parse: the exported ones and those locality needs."""
-    return exported.union(*RESIDENT_MEMORY_TYPES.values())
+    return exported.union(RESIDENT_MEMORY_TYPES[layout])
 
 
 @dataclass(frozen=True, slots=True)

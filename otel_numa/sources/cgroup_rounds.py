@@ -7,8 +7,7 @@ a file instead of open, fstat, read and close), and a container whose files hold
 round is its last round's :class:`~otel_numa.model.ContainerNumaUsage` object again, unparsed, with the
 errors its files gave then counted again. A cgroup v2 container's small files (cpusets, ``cpu.stat``)
 are compared byte for byte; its ``memory.numa_stat`` (~1.5 KB on two NUMA nodes, ~5 KB on eight: too
-much to hold for 2,000 containers) by the interpreter's keyed 64-bit hash of its bytes, which tells two
-different files apart but for a chance of 2^-64 (that file's values would then be one change late). v1
+much to hold for 2,000 containers) by the lines the agent reads from it (:func:`_numa_stat_key`). v1
 containers are compared by the texts parsed. The caller says which directories' entries changed
 (:meth:`CgroupRounds.changed`: a file there may have been replaced, so it is opened again) and which
 containers it still reads (:meth:`CgroupRounds.keep_only`).
@@ -19,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from otel_numa.model import CgroupLayout, ContainerNumaUsage
 from otel_numa.sources.cgroups import (
@@ -103,8 +103,8 @@ class CgroupRounds:
             ):
                 self._last.pop(cgroup.path, None)
                 return None  # the container stopped while we read it: not an error
-            seen: object = (hash(numa_stat) if numa_stat is not None else None, cpus, mems, cpu_stat)
-            if last is None or last.texts != seen:
+            if last is None or not _same_v2(last.texts, numa_stat, cpus, mems, cpu_stat):
+                seen = (_numa_stat_key(numa_stat, memory_types), cpus, mems, cpu_stat)
                 texts = texts_v2(
                     decoded(numa_stat), decoded(cpus), decoded(mems), decoded(cpu_stat), memory_types
                 )
@@ -162,8 +162,8 @@ class CgroupRounds:
                         pass  # read again the long way, which tells what is wrong
                     else:
                         if 0 < len(numa_stat) < READ_SIZE and 0 < len(cpu_stat) < READ_SIZE:
-                            texts = last.texts
-                            if texts[3] == cpu_stat and texts[0] == hash(numa_stat):  # type: ignore[index]
+                            texts: Any = last.texts  # as _same_v2 reads it, without the call
+                            if texts[3] == cpu_stat and _same_numa_stat(texts[0], numa_stat):
                                 usages.append(last.usage)  # type: ignore[arg-type]
                                 continue
                             counters = (numa_stat, cpu_stat)
@@ -228,3 +228,40 @@ class CgroupRounds:
     def close(self) -> None:
         self.files.close()
         self._last.clear()
+
+
+def _numa_stat_key(numa_stat: bytes | None, memory_types: Collection[str] | None) -> object:
+    """What tells that a v2 ``memory.numa_stat`` would parse the same: its bytes up to the end of the last
+    line of the types read (its first lines: ``anon`` and ``file`` lead the file; ~200 bytes on eight NUMA
+    nodes, where the whole file is ~5 KB), which a file with the same lines starts with; where those lines
+    are not all there, the interpreter's keyed 64-bit hash of all its bytes (two different files apart but
+    for a chance of 2^-64)."""
+    if numa_stat is None:
+        return None
+    end = -1
+    for memory_type in memory_types or ():
+        head = memory_type.encode() + b" "
+        start = 0 if numa_stat.startswith(head) else numa_stat.find(b"\n" + head) + 1
+        line_end = numa_stat.find(b"\n", start) if start or numa_stat.startswith(head) else -1
+        if line_end < 0:  # a type not there, or its line not ended
+            return hash(numa_stat)
+        end = max(end, line_end)
+    return numa_stat[: end + 1] if end >= 0 else hash(numa_stat)
+
+
+def _same_v2(
+    texts: object, numa_stat: bytes | None, cpus: bytes | None, mems: bytes | None, cpu_stat: bytes | None
+) -> bool:
+    """Whether a v2 container's files parse as those last seen as ``texts`` (``numa_stat`` by its key)."""
+    assert isinstance(texts, tuple)
+    key, *rest = texts
+    return rest == [cpus, mems, cpu_stat] and _same_numa_stat(key, numa_stat)
+
+
+def _same_numa_stat(key: object, numa_stat: bytes | None) -> bool:
+    """Whether ``numa_stat`` parses as the file whose :func:`_numa_stat_key` is ``key``."""
+    if type(key) is bytes:
+        return numa_stat is not None and numa_stat.startswith(key)
+    if numa_stat is None:
+        return key is None
+    return key == hash(numa_stat)

@@ -198,6 +198,35 @@ def test_a_cpuset_written_above_the_containers_has_every_container_read_again(no
     assert cpus_of(view_of(walk), container_id) == frozenset({5})
 
 
+def test_numa_stat_is_parsed_again_only_when_a_line_it_reads_changed(
+    node: LargeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk = collector(node)
+    container_id, directory = first_container(node)
+    numa_stat = directory / "memory.numa_stat"
+    numa_stat.write_bytes(b"anon N0=4096 N1=0\nfile N0=0 N1=8192\nshmem N0=0 N1=0\n")
+    view_of(walk)
+    parsed: list[object] = []
+
+    def parsing(*args: Any, **kwargs: Any) -> Any:
+        parsed.append(args)
+        return cgroups.container_usage(*args, **kwargs)
+
+    monkeypatch.setattr("otel_numa.sources.cgroup_rounds.container_usage", parsing)
+    numa_stat.write_bytes(b"anon N0=4096 N1=0\nfile N0=0 N1=8192\nshmem N0=4096 N1=0\n")  # a line not read
+    assert anon(view_of(walk), container_id) == {0: 4096}
+    assert not parsed
+    numa_stat.write_bytes(b"anon N0=4096 N1=0\nfile N0=0 N1=12288\nshmem N0=4096 N1=0\n")
+    usage = next(usage for usage in view_of(walk).usages if usage.container_id == container_id)
+    assert usage.memory_by_type["file"][1] == 12288 and len(parsed) == 1
+    # the last line read without its end: a longer number on it is still a change
+    numa_stat.write_bytes(b"anon N0=4096 N1=0\nfile N0=0 N1=1")
+    view_of(walk)
+    numa_stat.write_bytes(b"anon N0=4096 N1=0\nfile N0=0 N1=12")
+    usage = next(usage for usage in view_of(walk).usages if usage.container_id == container_id)
+    assert usage.memory_by_type["file"][1] == 12
+
+
 def test_a_file_replaced_by_a_fifo_is_refused_not_read_through_its_old_descriptor(node: LargeNode) -> None:
     registry = SourceRegistry()
     walk = CgroupCollector(node.cgroup_root, ContainerLogNames(node.container_logs_root), registry)

@@ -147,7 +147,7 @@ class CgroupCollector:
         self._names = names
         self._tracker = registry.tracker(Source.CGROUP)
         self._memory_types = memory_types
-        self._to_read = memory_types_to_read(memory_types)
+        self._to_read = {layout: memory_types_to_read(memory_types, layout) for layout in ("v1", "v2")}
         self._reader = reader
         self._topology = topology  # the machine's, when known: ids beyond it make a file corrupt
         self._max_containers = max_containers
@@ -303,7 +303,7 @@ class CgroupCollector:
         return self._rounds.read_all(
             cgroups,
             layout,
-            self._to_read,
+            self._to_read[layout],
             nodes,
             max(cpus) if cpus else MAX_CPU_ID,
             machine_cpus=cpus,
