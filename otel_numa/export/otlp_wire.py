@@ -203,63 +203,110 @@ def request_shape(request: bytes) -> RequestShape | None:
     return RequestShape(resource_before, resource_after, scope_before, scope_after, metrics, places)
 
 
+@dataclass(frozen=True, slots=True)
+class PointRun:
+    """Points that follow one another in an encoded request, taken over whole: ``data`` is their encoding
+    (each point's field key and length, then the point), which began at ``origin`` there, and ``spans``
+    and ``places`` are where they and their numbers lay there (as :class:`MetricShape` and
+    :func:`number_point_places` give them)."""
+
+    data: bytes
+    origin: int
+    spans: Sequence[int]
+    places: Sequence[int]
+
+
+def point_run(
+    request: bytes, shape: RequestShape, metric: int, before: int, first: int, last: int
+) -> PointRun:
+    """Points ``first`` to ``last`` (both included) of metric ``metric`` of ``request`` (of ``shape``), whose
+    metrics before it have ``before`` points."""
+    spans = shape.metrics[metric].points
+    start, end = spans[2 * first], spans[2 * last + 1]
+    origin = start - 1 - len(_length(spans[2 * first + 1] - start))  # the first point's key and length
+    return PointRun(
+        request[origin:end],
+        origin,
+        spans[2 * first : 2 * last + 2],
+        shape.places[3 * (before + first) : 3 * (before + last + 1)],
+    )
+
+
 def assemble(
-    shape: RequestShape, points: Sequence[Sequence[tuple[bytes, int, int, int]]]
+    shape: RequestShape, points: Sequence[Sequence[tuple[bytes, int, int, int] | PointRun]]
 ) -> tuple[bytes, RequestShape]:
     """A request of ``shape``'s resource, scope and metric fields with ``points``: for each metric, each
-    point's encoding and where its start time (:data:`ABSENT` when none), time and value tag lie in it.
-    Returns the request and its shape."""
-    metric_parts: list[bytes] = []
-    metric_spans: list[array[int]] = []
-    metric_places: list[array[int]] = []
+    point's encoding and where its start time (:data:`ABSENT` when none), time and value tag lie in it, or
+    a run of points of another request (:class:`PointRun`). Returns the request and its shape.
+
+    The lengths come first (every message's length is written before its content), so each point's
+    places are shifted once, to where they end up."""
+    point_head = _key(_DATA_POINTS)
+    # each metric's points as bytes, and each piece's offset within them
+    metric_pieces: list[list[bytes]] = []
+    metric_data_lengths: list[int] = []
     for metric, its_points in zip(shape.metrics, points, strict=True):
-        parts: list[bytes] = [metric.data_before]
-        at = len(metric.data_before)
-        spans, places = array("i"), array("i")
-        for encoded, start, time, value in its_points:
-            head = _key(_DATA_POINTS) + _length(len(encoded))
-            at += len(head)
-            spans.extend((at, at + len(encoded)))
-            places.extend((ABSENT if start == ABSENT else at + start, at + time, at + value))
-            parts += (head, encoded)
-            at += len(encoded)
-        parts.append(metric.data_after)
-        data = b"".join(parts)
-        data_head = metric.before + _key(metric.data_field) + _length(len(data))
-        shift = len(data_head)
-        metric_parts.append(data_head + data + metric.after)
-        metric_spans.append(_shifted(spans, shift))
-        metric_places.append(_shifted(places, shift))
-    scope_parts: list[bytes] = [shape.scope_before]
-    at = len(shape.scope_before)
-    offsets = []
-    for encoded in metric_parts:
-        head = _key(_METRICS) + _length(len(encoded))
-        offsets.append(at + len(head))
-        scope_parts += (head, encoded)
-        at += len(head) + len(encoded)
-    scope_parts.append(shape.scope_after)
-    scope = b"".join(scope_parts)
-    scope_head = shape.resource_before + _key(_SCOPE_METRICS) + _length(len(scope))
-    resource = scope_head + scope + shape.resource_after
-    request_head = _key(_RESOURCE_METRICS) + _length(len(resource))
-    base = len(request_head) + len(scope_head)
+        pieces: list[bytes] = []
+        for piece in its_points:
+            if isinstance(piece, PointRun):
+                pieces.append(piece.data)
+            else:
+                pieces.append(point_head + _length(len(piece[0])) + piece[0])
+        metric_pieces.append(pieces)
+        metric_data_lengths.append(len(metric.data_before) + sum(map(len, pieces)) + len(metric.data_after))
+    data_heads = [
+        metric.before + _key(metric.data_field) + _length(length)
+        for metric, length in zip(shape.metrics, metric_data_lengths, strict=True)
+    ]
+    metric_lengths = [
+        len(head) + length + len(metric.after)
+        for metric, head, length in zip(shape.metrics, data_heads, metric_data_lengths, strict=True)
+    ]
+    metric_heads = [_key(_METRICS) + _length(length) for length in metric_lengths]
+    scope_length = (
+        len(shape.scope_before)
+        + sum(len(head) + length for head, length in zip(metric_heads, metric_lengths, strict=True))
+        + len(shape.scope_after)
+    )
+    scope_head = shape.resource_before + _key(_SCOPE_METRICS) + _length(scope_length)
+    resource_length = len(scope_head) + scope_length + len(shape.resource_after)
+    request_head = _key(_RESOURCE_METRICS) + _length(resource_length)
+    parts: list[bytes] = [request_head, scope_head, shape.scope_before]
+    at = len(request_head) + len(scope_head) + len(shape.scope_before)
     metrics: list[MetricShape] = []
     places = array("i")
-    for metric, offset, spans, its_places in zip(
-        shape.metrics, offsets, metric_spans, metric_places, strict=True
+    for metric, its_points, pieces, data_head, metric_head in zip(
+        shape.metrics, points, metric_pieces, data_heads, metric_heads, strict=True
     ):
-        shifted = _shifted(spans, base + offset)
+        parts += (metric_head, data_head, metric.data_before)
+        at += len(metric_head) + len(data_head) + len(metric.data_before)
+        spans = array("i")
+        for piece, encoded in zip(its_points, pieces, strict=True):
+            if isinstance(piece, PointRun):
+                shift = at - piece.origin
+                spans.extend([offset + shift for offset in piece.spans])
+                places.extend([o if o == ABSENT else o + shift for o in piece.places])
+            else:
+                point, start, time, value = piece
+                content = at + len(encoded) - len(point)
+                spans.extend((content, at + len(encoded)))
+                places.extend(
+                    (ABSENT if start == ABSENT else content + start, content + time, content + value)
+                )
+            at += len(encoded)
+        parts += pieces
+        parts += (metric.data_after, metric.after)
+        at += len(metric.data_after) + len(metric.after)
         metrics.append(
             MetricShape(
-                metric.before, metric.data_field, metric.data_before, metric.data_after, metric.after, shifted
+                metric.before, metric.data_field, metric.data_before, metric.data_after, metric.after, spans
             )
         )
-        places.extend(_shifted(its_places, base + offset))
+    parts += (shape.scope_after, shape.resource_after)
     new_shape = RequestShape(
         shape.resource_before, shape.resource_after, shape.scope_before, shape.scope_after, metrics, places
     )
-    return request_head + resource, new_shape
+    return b"".join(parts), new_shape
 
 
 def point_of(request: bytes, shape: RequestShape, metric: int, index: int) -> tuple[bytes, int, int, int]:
@@ -271,10 +318,6 @@ def point_of(request: bytes, shape: RequestShape, metric: int, index: int) -> tu
         raise ValueError("a point without its numbers")
     first, time, value = numbers
     return request[start:end], ABSENT if first == ABSENT else first - start, time - start, value - start
-
-
-def _shifted(offsets: array[int], by: int) -> array[int]:
-    return array("i", [offset if offset == ABSENT else offset + by for offset in offsets])
 
 
 def _point_numbers(request: bytes, start: int, end: int) -> tuple[int, int, int] | None:

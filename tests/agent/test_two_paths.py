@@ -101,6 +101,11 @@ class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         found = [vars(exporter).get("_translate_data") for exporter in self.exporters]
         return sum(each.reused for each in found if isinstance(each, _ReusedRequests))
 
+    def spliced(self) -> int:
+        """How many requests the patched exporters put together from a kept one's points and new ones."""
+        found = [vars(exporter).get("_translate_data") for exporter in self.exporters]
+        return sum(each.spliced for each in found if isinstance(each, _ReusedRequests))
+
     def close(self) -> None:
         self.server.stop(None)
 
@@ -236,6 +241,35 @@ def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(
     assert reused >= 6 if over_grpc else reused == 0
     assert b"numa_container_memory_usage_bytes{" in pages[0]
     assert pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
+
+
+def test_a_pod_replaced_gives_the_same_requests_put_together_from_the_last_one(tmp_path: Path) -> None:
+    """One pod replaced at a time: the fast path's request is the kept one's points, runs of them whole,
+    around the new pod's, and equals the public path's."""
+    spec = LargeNodeSpec(
+        numa_nodes=2,
+        cpus_per_node=8,
+        pods=8,
+        containers_per_pod=2,
+        devices_per_resource=2,
+        exclusive_pod_every=3,
+    )
+    node = write_large_node(tmp_path, spec)
+    agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
+    both = Both(agent, over_grpc=True)
+    try:
+        agent.refresh_background()
+        both.compare("first")
+        for replaced, index in enumerate((1, 4, 7, 1), start=1):
+            node.replace_pod(index, replaced)
+            agent.refresh_background()
+            both.compare(("replaced", index))
+            both.forget_departed()
+        fast = both.recorders[0]
+        assert isinstance(fast, GrpcCollector) and fast.spliced() >= 4
+    finally:
+        both.close()
+        agent.close()
 
 
 @pytest.mark.parametrize("machine", ["16amd64-4n4c-cgroup-distance-merge", "16amd64-8n2c"])

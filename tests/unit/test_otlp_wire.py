@@ -25,6 +25,7 @@ from otel_numa.export.otlp_wire import (
     assemble,
     number_point_places,
     point_of,
+    point_run,
     request_shape,
     write_numbers,
     write_points,
@@ -106,6 +107,14 @@ def test_a_request_put_together_from_its_points_is_the_encoders() -> None:
     gauge.data_points[:] = gauge.data_points[:2]  # type: ignore[index]
     assert together == encode_metrics(data).SerializeToString()
     assert request_shape(together) == parts
+    # runs of points taken over whole, around a point of their own: the same request
+    runs = [
+        [point_run(encoded, shape, 0, 0, 0, 1), points[0][2]],
+        [points[1][0], point_run(encoded, shape, 1, 3, 1, 2)],
+    ]
+    again, same = assemble(shape, runs)
+    assert again == encoded and list(same.places) == list(shape.places)
+    assert request_shape(again) == same
 
 
 def test_what_cannot_be_written_in_place_is_refused() -> None:

@@ -37,11 +37,12 @@ from opentelemetry.sdk.metrics.export import Gauge, Sum
 from otel_numa.export.fast.patch import Patch
 from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.otlp_wire import (
-    ABSENT,
+    PointRun,
     RequestShape,
     assemble,
     number_point_places,
     point_of,
+    point_run,
     request_shape,
     write_numbers,
     write_points,
@@ -70,6 +71,9 @@ class _KeptRequest:
     # metric's attribute mappings in order: a push with other series reuses the points it still has
     shape: RequestShape | None = None
     series: list[Sequence[object]] | None = None
+    # each metric's name, description, unit, kind, temporality and monotonicity: what its encoding's
+    # fields but its points are made from
+    described: list[tuple[object, ...]] | None = None
 
 
 class _ReusedRequests:
@@ -92,6 +96,7 @@ class _ReusedRequests:
         numbers_of: list[tuple[int, PointList, int]] = []
         lists: list[tuple[object, object]] = []  # every point list's start times and values
         series: list[Sequence[object]] = []  # each metric's attribute mappings, in order
+        described: list[tuple[object, ...]] = []
         count = 0
         for resource_metrics in data.resource_metrics:
             layout.append(resource_metrics.resource)
@@ -101,17 +106,16 @@ class _ReusedRequests:
                     numbers = metric.data
                     if not isinstance(numbers, Sum | Gauge):  # histograms: the exporter's own path
                         return self._translate(data)
-                    layout.append(
-                        (
-                            metric.name,
-                            metric.description,
-                            metric.unit,
-                            type(numbers),
-                            getattr(numbers, "aggregation_temporality", None),
-                            getattr(numbers, "is_monotonic", None),
-                            len(numbers.data_points),
-                        )
+                    description = (
+                        metric.name,
+                        metric.description,
+                        metric.unit,
+                        type(numbers),
+                        getattr(numbers, "aggregation_temporality", None),
+                        getattr(numbers, "is_monotonic", None),
                     )
+                    described.append(description)
+                    layout.append((*description, len(numbers.data_points)))
                     listed = numbers.data_points
                     if type(listed) is PointList:  # plain points; one tuple of mappings
                         layout.append(listed.attributes)
@@ -148,13 +152,15 @@ class _ReusedRequests:
                     self.reused += 1
                     return bytes(encoded)  # sent as they are (_PassingBytes)
             if kept is not None and kept.shape is not None and kept.series is not None:
-                spliced = self._spliced(data, kept, series, points, numbers_of, count)
+                spliced = self._spliced(data, kept, series, described, points, numbers_of, count)
                 if spliced is not None:
                     together, parts = spliced
                     compressed = zlib.compress(together, KEPT_COMPRESSION_LEVEL)
                     if replaced is not None:
                         self._kept.pop(replaced, None)
-                    self._keep(key, _KeptRequest(compressed, parts.places, layout, lists, parts, series))
+                    self._keep(
+                        key, _KeptRequest(compressed, parts.places, layout, lists, parts, series, described)
+                    )
                     self.spliced += 1
                     return together
             request = self._translate(data)
@@ -164,7 +170,7 @@ class _ReusedRequests:
             # kept only when it has one encoded point per data point, in the same order
             if places is not None and len(places) == 3 * count:
                 compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
-                self._keep(key, _KeptRequest(compressed, places, layout, lists, shape, series))
+                self._keep(key, _KeptRequest(compressed, places, layout, lists, shape, series, described))
             return request
 
     def _keep(self, key: tuple[object, int], kept: _KeptRequest) -> None:
@@ -183,35 +189,43 @@ class _ReusedRequests:
         data: Any,
         kept: _KeptRequest,
         series: list[Sequence[object]],
+        described: list[tuple[object, ...]],
         points: list[Any],
         numbers_of: list[tuple[int, PointList, int]],
         count: int,
     ) -> tuple[bytes, RequestShape] | None:
         """The request for ``data`` when only series changed since ``kept`` (the same resource, scope and
         metrics): the kept encoding of each series it still has, and the exporter's encoding of the new
-        ones (one request of only those), put together; its numbers written. None otherwise."""
+        ones (one request of only the metrics that have new series), put together; its numbers written.
+        None otherwise."""
         shape, kept_series = kept.shape, kept.series
         assert shape is not None and kept_series is not None
         (resource_metrics,) = data.resource_metrics
         (scope_metrics,) = resource_metrics.scope_metrics
         metrics = scope_metrics.metrics
-        if len(metrics) != len(shape.metrics) or len(series) != len(metrics):
-            return None
+        if len(metrics) != len(shape.metrics) or len(series) != len(metrics) or described != kept.described:
+            return None  # other metrics (names, descriptions, units, kinds) than the kept request's
         # where each kept series' point is: (metric, its index there) by its attribute mapping
         before: list[dict[int, int]] = [{id(each): at for at, each in enumerate(old)} for old in kept_series]
         new_points: list[list[int]] = []  # per metric, the indexes of the series that are new
-        partial = []
-        for metric, now, known, old in zip(metrics, series, before, kept_series, strict=True):
+        partial: list[Any] = []
+        encoded_at: dict[int, int] = {}  # metric -> its place in the request of the new series
+        for index, (metric, now, known, old) in enumerate(
+            zip(metrics, series, before, kept_series, strict=True)
+        ):
             fresh = [
                 at
                 for at, each in enumerate(now)
                 if known.get(id(each)) is None or old[known[id(each)]] is not each
             ]
             new_points.append(fresh)
+            if not fresh and (partial or index < len(metrics) - 1):
+                continue  # its fields but its points are the kept request's (the same description)
+            # a PointList makes only these; with no new series at all, the last metric is encoded with its
+            # first point (not used), for the resource's and scope's fields
             listed = metric.data.data_points
-            # a PointList makes only these; a metric without new series is encoded with its first one (not
-            # used): the exporter leaves out the data of a metric without points
             made = [point for at in fresh or [0] for point in listed[at : at + 1]]
+            encoded_at[index] = len(partial)
             partial.append(
                 dataclasses.replace(metric, data=dataclasses.replace(metric.data, data_points=made))
             )
@@ -225,31 +239,39 @@ class _ReusedRequests:
         )
         encoded_new = self._translate(only_new).SerializeToString()
         new_shape = request_shape(encoded_new)
-        if new_shape is None or [(m.before, m.data_field) for m in new_shape.metrics] != [
-            (m.before, m.data_field) for m in shape.metrics
-        ]:
-            return None  # other metrics (names, descriptions, units, kinds) than the kept request's
+        if new_shape is None or len(new_shape.metrics) != len(partial):
+            return None
+        if any(
+            (new_shape.metrics[at].before, new_shape.metrics[at].data_field)
+            != (shape.metrics[index].before, shape.metrics[index].data_field)
+            for index, at in encoded_at.items()
+        ):
+            return None  # encoded otherwise than the kept request's metrics of the same description
+        # the new request's resource and scope fields, each metric's fields as the kept request has them
+        framing = dataclasses.replace(new_shape, metrics=shape.metrics)
         old_bytes = zlib.decompress(kept.compressed)
         first = 0  # the kept request's index of its metric's first point
-        parts: list[list[tuple[bytes, int, int, int]]] = []
+        parts: list[list[tuple[bytes, int, int, int] | PointRun]] = []
         for index, (now, known, fresh) in enumerate(zip(series, before, new_points, strict=True)):
-            spans = shape.metrics[index].points
             fresh_at = {at: k for k, at in enumerate(fresh)}
-            its: list[tuple[bytes, int, int, int]] = []
+            its: list[tuple[bytes, int, int, int] | PointRun] = []
+            run: list[int] = []  # a run of the kept request's points, one after the other: its first, last
             for at, each in enumerate(now):
                 k = fresh_at.get(at)
-                if k is not None:
-                    its.append(point_of(encoded_new, new_shape, index, k))
+                j = known[id(each)] if k is None else -1
+                if run and j == run[1] + 1:
+                    run[1] = j
                     continue
-                j = known[id(each)]
-                start, end = spans[2 * j], spans[2 * j + 1]
-                g = 3 * (first + j)
-                first_time, time, value = shape.places[g], shape.places[g + 1], shape.places[g + 2]
-                relative = ABSENT if first_time == ABSENT else first_time - start
-                its.append((old_bytes[start:end], relative, time - start, value - start))
+                if run:
+                    its.append(point_run(old_bytes, shape, index, first, run[0], run[1]))
+                run = [j, j] if k is None else []
+                if k is not None:
+                    its.append(point_of(encoded_new, new_shape, encoded_at[index], k))
+            if run:
+                its.append(point_run(old_bytes, shape, index, first, run[0], run[1]))
             parts.append(its)
-            first += len(spans) // 2
-        encoded, assembled = assemble(new_shape, parts)
+            first += len(shape.metrics[index].points) // 2
+        encoded, assembled = assemble(framing, parts)
         if len(assembled.places) != 3 * count:
             return None
         written = bytearray(encoded)
@@ -267,22 +289,27 @@ def _write(
 ) -> bool:
     """The points' numbers written into ``encoded``, the kept request's bytes: the lists of ``numbers_of``
     from their numbers (only their time where their start times and values are the very tuples the request
-    was encoded from), the other points (``points`` without the ``None`` that stand for those lists) one by
-    one."""
+    was encoded from), the other points (``points`` without the ``None`` that stand for those lists) a run
+    of them at a time."""
     places = kept.places
     if not numbers_of:
         return write_points(encoded, places, points)
     index = 0
     numbered = iter(numbers_of)
-    for point in points:
+    plain: list[Any] = []  # points one after the other, written together
+    for point in [*points, None]:  # the last None ends the last run
         if point is not None:
-            if not write_numbers(
-                encoded, places, index, (point.start_time_unix_nano,), point.time_unix_nano, (point.value,)
-            ):
-                return False
-            index += 1
+            plain.append(point)
             continue
-        first, listed, place = next(numbered)
+        if plain:
+            if not write_points(encoded, places[3 * index : 3 * (index + len(plain))], plain):
+                return False
+            index += len(plain)
+            plain.clear()
+        following = next(numbered, None)
+        if following is None:
+            break
+        first, listed, place = following
         starts, time, values = listed.starts, listed.time, listed.values
         assert starts is not None and time is not None
         if first != index:
