@@ -243,9 +243,12 @@ def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(
     assert pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
 
 
-def test_a_pod_replaced_gives_the_same_requests_put_together_from_the_last_one(tmp_path: Path) -> None:
-    """One pod replaced at a time: the fast path's request is the kept one's points, runs of them whole,
-    around the new pod's, and equals the public path's."""
+def test_a_pod_replaced_gives_the_same_pages_and_requests_put_together_from_the_last_ones(
+    tmp_path: Path,
+) -> None:
+    """One pod replaced at a time, on a quiet and on a busy node: the fast path's request is the kept
+    one's points, runs of them whole, around the new pod's, and its page the kept lines around the new
+    pod's; both equal the public path's."""
     spec = LargeNodeSpec(
         numa_nodes=2,
         cpus_per_node=8,
@@ -261,7 +264,9 @@ def test_a_pod_replaced_gives_the_same_requests_put_together_from_the_last_one(t
         agent.refresh_background()
         both.compare("first")
         for replaced, index in enumerate((1, 4, 7, 1), start=1):
-            node.replace_pod(index, replaced)
+            node.replace_pod(index, replaced, generation=replaced % 2)
+            if replaced % 2:  # a busy node: the other containers' usage moves as well
+                node.write_cgroup_usage(replaced)
             agent.refresh_background()
             both.compare(("replaced", index))
             both.forget_departed()

@@ -145,7 +145,8 @@ def _with_new_series(
     lines of the series ``known`` has (found by their attribute mappings, the same objects while a series
     lives) with the new values, the new series' lines rendered through the library. None otherwise."""
     before, recipe, values = known.recipe, family.recipe, family.values
-    if before is None or known.value_starts is None or not before.same_family(recipe):
+    known_values = known.values
+    if before is None or known.value_starts is None or known_values is None or not before.same_family(recipe):
         return None
     where = {id(attributes): index for index, attributes in enumerate(before.attributes)}
     new = [index for index, attributes in enumerate(recipe.attributes) if id(attributes) not in where]
@@ -165,8 +166,8 @@ def _with_new_series(
         if len(new_lines) != len(new) or not lines.endswith(b"\n"):
             return None
     text, starts = known.text, known.value_starts
-    line_starts = array("i", [_header_end(text)])  # each known sample line's start
-    for start in starts[:-1]:
+    line_starts = array("i", [_header_end(text)])  # each known sample line's start, and the text's end
+    for start in starts:
         line_starts.append(text.index(b"\n", start) + 1)
     parts: list[bytes] = [text[: line_starts[0]]]
     value_starts = array("i")
@@ -179,11 +180,22 @@ def _with_new_series(
             head = line[: line.rindex(b" ") + 1]
         else:
             head = text[line_starts[at] : starts[at]]
+            if _same_text(known_values[at], value):  # the line as it was (most lines of a pod change)
+                parts.append(text[line_starts[at] : line_starts[at + 1]])
+                value_starts.append(written + len(head))
+                written += line_starts[at + 1] - line_starts[at]
+                continue
         number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
         parts += (head, number, b"\n")
         value_starts.append(written + len(head))
         written += len(head) + len(number) + 1
     return _RenderedFamily(*_kept(b"".join(parts)), value_starts, recipe, values, None)
+
+
+def _same_text(before: object, value: object) -> bool:
+    """Whether ``value`` is written as ``before`` was: the same number of the same type (a zero apart: a
+    float's sign is written, -0.0 and 0.0 are equal)."""
+    return before is value or (type(before) is type(value) and before == value and bool(value))
 
 
 def _anchors(recipe: SeriesRecipe, new: list[Any]) -> list[tuple[int, Any]]:
