@@ -142,11 +142,23 @@ def advance_cpu_time(
     """
     if previous is None or total_s < previous.total_s:
         return CpuTimeSplit(total_s, small_map({node: total_s * share for node, share in shares.items()}))
+    if total_s == previous.total_s:
+        return previous  # no time to split: the same split, the same object
     delta = total_s - previous.total_s
     by_node = dict(previous.by_node.items())  # pairs: a dict built from a Mapping looks up each key
     for node, share in shares.items():
         by_node[node] = by_node.get(node, 0.0) + delta * share
     return CpuTimeSplit(total_s, small_map(by_node))
+
+
+class JoinMemo:
+    """The last join's containers, by container id, with what each was made from: in the next join a
+    container whose reading, name and CPU time split are the same objects and whose allocation is equal is
+    that same :class:`ContainerUsage` (a pod replaced leaves the others' as they were)."""
+
+    def __init__(self) -> None:
+        self.context: tuple[object, ...] | None = None  # the layout, machine and types they were joined with
+        self.last: dict[str, tuple[object, object, object, object, ContainerUsage]] = {}
 
 
 def join_usage(
@@ -158,6 +170,7 @@ def join_usage(
     cpu_time: Mapping[str, CpuTimeSplit],
     live_pods: frozenset[str] | None = None,
     exported: frozenset[str] = DEFAULT_MEMORY_TYPES,
+    memo: JoinMemo | None = None,
 ) -> tuple[ContainerUsage, ...]:
     """Per-container usage with names, locality and per-node CPU time, sorted by pod UID and name.
 
@@ -166,10 +179,18 @@ def join_usage(
     allocation and every per-container series key containers by name. ``cpu_time`` is keyed by container id.
     A cgroup of a pod the kubelet no longer has (``live_pods``, when known) is left out too: it is being
     torn down, and its pod's other series are gone already. Each container's record (its allocation) is
-    compared with its effective cpusets (:mod:`otel_numa.accounting.kernel_view`).
+    compared with its effective cpusets (:mod:`otel_numa.accounting.kernel_view`). With a ``memo``, a
+    container whose inputs are those of the last join is its last :class:`ContainerUsage`.
     """
     allocations = {(c.container.pod_uid, c.container.container_name): c for c in allocation.containers}
     joined: dict[tuple[str, str], ContainerUsage] = {}
+    last: dict[str, tuple[object, object, object, object, ContainerUsage]] = {}
+    made: dict[str, tuple[object, object, object, object, ContainerUsage]] = {}
+    if memo is not None:
+        context = (layout, machine, exported)
+        if memo.context == context:
+            last = memo.last
+        memo.context, memo.last = context, made
     for usage in usages:
         identity = names.get(usage.container_id)
         if identity is None or (live_pods is not None and usage.pod_uid not in live_pods):
@@ -179,8 +200,19 @@ def join_usage(
         if key in joined:  # a restart caught mid-way: keep one, so attribute sets stay unique
             continue
         recorded = allocations.get(key)
-        intended = intended_nodes(allocated_nodes(recorded), usage.mems, usage.cpus, machine)
         split = cpu_time.get(usage.container_id)
+        before = last.get(usage.container_id)
+        if (
+            before is not None
+            and before[0] is usage
+            and before[1] is identity
+            and before[2] is split
+            and (before[3] is recorded or before[3] == recorded)
+        ):
+            joined[key] = before[4]
+            made[usage.container_id] = before
+            continue
+        intended = intended_nodes(allocated_nodes(recorded), usage.mems, usage.cpus, machine)
         joined[key] = ContainerUsage(
             container=ref,
             container_id=usage.container_id,
@@ -194,6 +226,8 @@ def join_usage(
             cpu_mismatch=cpu_mismatch(recorded, usage.cpus),
             memory_mismatch=memory_mismatch(recorded, usage.mems),
         )
+        if memo is not None:
+            made[usage.container_id] = (usage, identity, split, recorded, joined[key])
     return tuple(joined[key] for key in sorted(joined))
 
 

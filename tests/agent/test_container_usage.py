@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from otel_numa.accounting.usage import (
+    JoinMemo,
     MachineNodes,
     advance_cpu_time,
     intended_nodes,
@@ -302,6 +303,7 @@ def test_cpu_time_first_reading_and_a_new_cgroup() -> None:
     assert first == CpuTimeSplit(9.0, {0: 6.0, 1: 3.0})
     assert advance_cpu_time(first, 12.0, {1: 1.0}) == CpuTimeSplit(12.0, {0: 6.0, 1: 6.0})
     assert advance_cpu_time(first, 1.0, {1: 1.0}) == CpuTimeSplit(1.0, {1: 1.0})  # went back: start over
+    assert advance_cpu_time(first, 9.0, {1: 1.0}) is first  # no time passed: the same split
 
 
 def test_join_with_allocation_names_and_exported_types() -> None:
@@ -327,6 +329,38 @@ def test_join_with_allocation_names_and_exported_types() -> None:
     # the cgroup of a pod the kubelet no longer has is not reported; unknown liveness keeps it
     assert join_usage([usage], "v2", names, allocation, TWO_NODES, {}, frozenset({"another-pod"})) == ()
     assert len(join_usage([usage], "v2", names, allocation, TWO_NODES, {}, frozenset({POD_A}))) == 1
+
+
+def test_a_join_keeps_the_containers_whose_inputs_are_the_same() -> None:
+    def usage_of(pod: str, container_id: str, anon: int) -> ContainerNumaUsage:
+        return ContainerNumaUsage(pod, container_id, {"anon": {0: anon}}, frozenset({1}), frozenset({0}), 2.0)
+
+    a, b = usage_of(POD_A, ID_1, MIB), usage_of(POD_B, ID_2, 2 * MIB)
+    names = {
+        ID_1: ContainerIdentity("web-0", "shop", "app", ID_1),
+        ID_2: ContainerIdentity("db-0", "shop", "db", ID_2),
+    }
+
+    def allocation(pinned: int) -> Allocation:
+        return Allocation(containers=(ContainerAllocation(ContainerRef(POD_A, "app"), cpus={0: pinned}),))
+
+    memo = JoinMemo()
+    first = join_usage([a, b], "v2", names, allocation(1), TWO_NODES, {}, memo=memo)
+    # the same inputs (an equal allocation made anew): the same objects
+    again = join_usage([a, b], "v2", names, allocation(1), TWO_NODES, {}, memo=memo)
+    assert all(x is y for x, y in zip(first, again, strict=True))
+    # one container's reading changed, another's allocation: only those are joined anew
+    b2 = usage_of(POD_B, ID_2, 3 * MIB)
+    changed = join_usage([a, b2], "v2", names, allocation(1), TWO_NODES, {}, memo=memo)
+    assert changed[0] is first[0] and changed[1] is not first[1]
+    assert changed[1].memory_by_type == {"anon": {0: 3 * MIB}}
+    pinned = join_usage([a, b2], "v2", names, allocation(2), TWO_NODES, {}, memo=memo)
+    assert pinned[0] is not changed[0] and pinned[1] is changed[1]  # joined again (the same outcome)
+    # another machine: every container anew, equal to a join without a memo
+    other = MachineNodes(frozenset({0, 1}), {0: frozenset(range(2)), 1: frozenset(range(2, 8))})
+    moved = join_usage([a, b2], "v2", names, allocation(2), other, {}, memo=memo)
+    assert all(x is not y for x, y in zip(moved, pinned, strict=True))
+    assert moved == join_usage([a, b2], "v2", names, allocation(2), other, {})
 
 
 # --- the series ------------------------------------------------------------------------------------

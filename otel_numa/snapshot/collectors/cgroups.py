@@ -32,6 +32,7 @@ from pathlib import Path
 from otel_numa.accounting.kernel_view import pinned_per_node
 from otel_numa.accounting.usage import (
     DEFAULT_MEMORY_TYPES,
+    JoinMemo,
     MachineNodes,
     advance_cpu_time,
     cpu_shares,
@@ -164,6 +165,7 @@ class CgroupCollector:
         # the join, remembered with its inputs; CPU time splits advance once per round's readings
         self._join_lock = threading.Lock()
         self._joined: LastResult[Joined] = LastResult()
+        self._join_memo = JoinMemo()  # each container's last join (a pod change joins only its containers)
         self._effective: LastResult[Mapping[tuple[str, str], frozenset[int]]] = LastResult()
         self._cpu_usages: tuple[ContainerNumaUsage, ...] | None = None
         self._cpu_machine: MachineNodes | None = None
@@ -348,6 +350,7 @@ class CgroupCollector:
                     cpu_time,
                     live_pods,
                     self._memory_types,
+                    self._join_memo,
                 )
                 return usage, _pinned(view, usage, topology)
 
