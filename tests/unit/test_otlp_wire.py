@@ -22,6 +22,7 @@ from opentelemetry.util.types import Attributes
 
 from otel_numa.export.otlp_wire import (
     ABSENT,
+    PointRun,
     assemble,
     number_point_places,
     point_of,
@@ -108,7 +109,7 @@ def test_a_request_put_together_from_its_points_is_the_encoders() -> None:
     assert together == encode_metrics(data).SerializeToString()
     assert request_shape(together) == parts
     # runs of points taken over whole, around a point of their own: the same request
-    runs = [
+    runs: list[list[tuple[bytes, int, int, int] | PointRun]] = [
         [point_run(encoded, shape, 0, 0, 0, 1), points[0][2]],
         [points[1][0], point_run(encoded, shape, 1, 3, 1, 2)],
     ]
