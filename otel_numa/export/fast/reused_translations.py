@@ -259,13 +259,13 @@ class _TranslatedMetrics:
         families: dict[str, object],
     ) -> _Translation | None:
         """A gauge's or counter's translation as a recipe, when the exporter makes one family of one plain
-        sample per data point of it. Seen on its first few points, the only ones translated here, when its
-        series have the same attribute keys: the whole family's samples then never exist at once (the page
-        renders it slice by slice, and checks each slice)."""
+        sample per data point of it. Seen on its first few points, the only ones translated here: the page
+        checks every series again as it renders them (slice by slice when its series have the same
+        attribute keys, so that the whole family's samples never exist at once; else whole)."""
         if type(metric.data) not in (Gauge, Sum) or not values or None in values:
             return None
         sliced = _same_keys(attributes)
-        first = values[:PROBED_SERIES] if sliced else values
+        first = values[:PROBED_SERIES]
         translated: dict[str, object] = {}
         head = _with_points(metric, metric.data.data_points[: len(first)])
         self._translate(head, scope_attrs, resource_attrs, translated)
