@@ -31,7 +31,7 @@ from otel_numa.sources.cgroups import (
     texts_v2,
 )
 from otel_numa.sources.errors import SourceError
-from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, READ_SIZE, ErrorSink, KeptFiles
+from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, ErrorSink, KeptFiles
 
 # Files kept open at most: four a container (within the process's budget, otel_numa.sources.files).
 FILES_PER_CONTAINER = 4
@@ -144,29 +144,23 @@ class CgroupRounds:
         ``on_error``. The common round, a v2 container whose cpusets stand and whose counters hold last
         round's bytes, is two ``pread`` calls and a comparison."""
         usages: list[ContainerNumaUsage] = []
-        last_of, kept = self._last, self.files.kept_open
+        last_of, read_kept = self._last, self.files.read_kept
         bounds = (layout, memory_types, nodes, cpu_limit, machine_cpus)
         quick = layout == "v2" and cpusets_of is not None and bounds == self._bounds
-        pread = os.pread
         for cgroup in cgroups:
             path = cgroup.path
             cpusets = cpusets_of is None or cpusets_of(path)
             counters: tuple[bytes, bytes] | None = None
             last = last_of.get(path) if quick and not cpusets else None
             if last is not None and last.error is None and not last.cpuset_errors:
-                numa_fd, stat_fd = kept.get(path + _NUMA_STAT), kept.get(path + _CPU_STAT)
-                if numa_fd is not None and stat_fd is not None:
-                    try:
-                        numa_stat, cpu_stat = pread(numa_fd, READ_SIZE, 0), pread(stat_fd, READ_SIZE, 0)
-                    except OSError:
-                        pass  # read again the long way, which tells what is wrong
-                    else:
-                        if 0 < len(numa_stat) < READ_SIZE and 0 < len(cpu_stat) < READ_SIZE:
-                            texts: Any = last.texts  # as _same_v2 reads it, without the call
-                            if texts[3] == cpu_stat and _same_numa_stat(texts[0], numa_stat):
-                                usages.append(last.usage)  # type: ignore[arg-type]
-                                continue
-                            counters = (numa_stat, cpu_stat)
+                numa_stat, cpu_stat = read_kept(path + _NUMA_STAT), read_kept(path + _CPU_STAT)
+                # else read again the long way, which tells what is wrong
+                if numa_stat is not None and cpu_stat is not None:
+                    texts: Any = last.texts  # as _same_v2 reads it, without the call
+                    if texts[3] == cpu_stat and _same_numa_stat(texts[0], numa_stat):
+                        usages.append(last.usage)  # type: ignore[arg-type]
+                        continue
+                    counters = (numa_stat, cpu_stat)
             try:
                 usage = self.read(
                     cgroup,

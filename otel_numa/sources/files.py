@@ -10,7 +10,7 @@ import resource
 import stat
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,11 +161,17 @@ class KeptFiles:
     def __len__(self) -> int:
         return len(self._fds)
 
-    @property
-    def kept_open(self) -> Mapping[str, int]:
-        """Path -> descriptor of the files kept open now (read with ``pread`` at offset 0; a read that
-        fails, is empty or fills :data:`READ_SIZE` is read again with :meth:`read`)."""
-        return self._fds
+    def read_kept(self, path: str) -> bytes | None:
+        """The bytes of ``path`` when it is kept open and one ``pread`` reads it whole; else ``None`` (read
+        it with :meth:`read_optional`, which opens it, or tells what is wrong)."""
+        fd = self._fds.get(path)
+        if fd is None:
+            return None
+        try:
+            data = os.pread(fd, READ_SIZE, 0)
+        except OSError:
+            return None
+        return data if 0 < len(data) < READ_SIZE else None
 
     def read_optional(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
         """Like :meth:`read`, but a missing file is ``None`` instead of an error."""

@@ -205,7 +205,9 @@ def test_podresources_answers_beyond_the_machine_are_refused(node: LargeNode, tm
     """Allocatable CPUs 0..3,999,999 (13.9 MB: it held 301 MB) and 200,000 devices on NUMA nodes
     0..199,999 (7.3 MB: they made 100,001 series) are not received (``resource_exhausted``); 100,000 devices
     (2.9 MB) are refused unparsed (``over_limit``); a CPU or NUMA nodes the 2-node, 32-CPU machine lacks
-    refuse their answer (``out_of_range``). Each time the last good answer is served meanwhile."""
+    refuse their answer (``out_of_range``). Each time the last good answer is served meanwhile. Each
+    answer comes after a device plugin registered (its socket made in the kubelet's device-plugins
+    directory), as the kubelet's allocatable resources change only then or when it restarts."""
     with (
         node_answer(node, tmp_path) as server,
         serving(node, tmp_path, extra_args=["--podresources-socket", str(server.socket_path)]) as agent,
@@ -220,9 +222,10 @@ def test_podresources_answers_beyond_the_machine_are_refused(node: LargeNode, tm
             ("out_of_range", pb.AllocatableResourcesResponse(cpu_ids=[*good.cpu_ids, SPEC.cpus + 8])),
             ("out_of_range", many_devices(10, 10)),
         ]
-        for error_type, answer in attacks:
+        for attack, (error_type, answer) in enumerate(attacks):
             seen = agent.errors("podresources").get(error_type, 0)
             server.state.allocatable = answer
+            (node.kubelet_root / "device-plugins" / f"plugin-{attack}.sock").touch()
             wait_for(
                 lambda: agent.errors("podresources").get(error_type, 0) > seen,  # noqa: B023 (waited for here)
                 20,

@@ -47,3 +47,11 @@ if _SETTING:
         return _kept_read_optional(self, path, limit=limit)
 
     files.KeptFiles.read_optional = _slow_kept_read_optional  # type: ignore[method-assign]
+    _kept_read_kept = files.KeptFiles.read_kept
+
+    def _slow_read_kept(self: files.KeptFiles, path: str) -> bytes | None:
+        if path == _slow_path and os.path.exists(_marker):
+            time.sleep(_delay_s)
+        return _kept_read_kept(self, path)
+
+    files.KeptFiles.read_kept = _slow_read_kept  # type: ignore[method-assign]
