@@ -229,6 +229,36 @@ def test_numa_stat_is_parsed_again_only_when_a_line_it_reads_changed(
     assert usage.memory_by_type["file"][1] == 12
 
 
+def test_a_watch_tells_cpuset_writes_among_thousands_of_other_writes(tmp_path: Path) -> None:
+    """Every file written in a watched directory reports (a test tree's counters, the kernel's
+    ``memory.events``): only a cpuset's counts, and a queue that overflowed says that anything changed."""
+    directories = [tmp_path / f"cgroup-{index}" for index in range(500)]
+    for directory in directories:
+        directory.mkdir()
+        (directory / "cpuset.cpus").write_text("")
+    watch = DirectoryWatch(written_prefixes=("cpuset.",))
+    assert not watch.watch(str(directory) for directory in directories)
+    for directory in directories:
+        (directory / "memory.numa_stat").write_text("anon N0=1\n")
+        (directory / "cpu.stat").write_text("usage_usec 1\n")
+    assert watch.changed() == {str(directory) for directory in directories}  # files made: entries
+    assert watch.written() == set()
+    for directory in directories:
+        (directory / "memory.numa_stat").write_text("anon N0=2\n")
+        (directory / "cpu.stat").write_text("usage_usec 2\n")
+    (directories[7] / "cpuset.cpus").write_text("3\n")
+    assert watch.changed() == set() and watch.written() == {str(directories[7])}
+    # more events than the kernel queues: not known
+    queued = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    with open(directories[0] / "a", "w") as a, open(directories[0] / "b", "w") as b:
+        for _ in range(queued // 2 + 10):
+            for each in (a, b):  # alternating, so that the kernel does not merge them
+                each.write("x")
+                each.flush()
+    assert watch.changed() is None
+    watch.close()
+
+
 def test_a_file_replaced_by_a_fifo_is_refused_not_read_through_its_old_descriptor(node: LargeNode) -> None:
     registry = SourceRegistry()
     walk = CgroupCollector(node.cgroup_root, ContainerLogNames(node.container_logs_root), registry)
