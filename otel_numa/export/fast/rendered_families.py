@@ -173,22 +173,37 @@ def _with_new_series(
     value_starts = array("i")
     written = line_starts[0]
     added = iter(new_lines)
-    for attributes, value in zip(recipe.attributes, values, strict=True):
-        at = where.get(id(attributes))
-        if at is None or before.attributes[at] is not attributes:
+    # each series' line in the known text, -1 for a new series
+    olds = [where.get(id(attributes), -1) for attributes in recipe.attributes]
+    count, index = len(values), 0
+    while index < count:
+        at, value = olds[index], values[index]
+        if at < 0:
             line = next(added)
             head = line[: line.rindex(b" ") + 1]
+        elif _same_text(known_values[at], value):
+            # the lines as they were (most of a pod change's), as many in a row as the known text has them
+            end = index + 1
+            while (
+                end < count
+                and olds[end] == at + end - index
+                and _same_text(known_values[olds[end]], values[end])
+            ):
+                end += 1
+            first, last = line_starts[at], line_starts[at + end - index]
+            parts.append(text[first:last])
+            shift = written - first
+            value_starts.extend([start + shift for start in starts[at : at + end - index]])
+            written += last - first
+            index = end
+            continue
         else:
             head = text[line_starts[at] : starts[at]]
-            if _same_text(known_values[at], value):  # the line as it was (most lines of a pod change)
-                parts.append(text[line_starts[at] : line_starts[at + 1]])
-                value_starts.append(written + len(head))
-                written += line_starts[at + 1] - line_starts[at]
-                continue
         number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
         parts += (head, number, b"\n")
         value_starts.append(written + len(head))
         written += len(head) + len(number) + 1
+        index += 1
     return _RenderedFamily(*_kept(b"".join(parts)), value_starts, recipe, values, None)
 
 
