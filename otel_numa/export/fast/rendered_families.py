@@ -166,12 +166,16 @@ def _with_new_series(
         if len(new_lines) != len(new) or not lines.endswith(b"\n"):
             return None
     text, starts = known.text, known.value_starts
-    line_starts = array("i", [_header_end(text)])  # each known sample line's start, and the text's end
-    for start in starts:
-        line_starts.append(text.index(b"\n", start) + 1)
-    parts: list[bytes] = [text[: line_starts[0]]]
+    header_end = _header_end(text)
+
+    def line_start(line: int) -> int:
+        """Where known sample line ``line`` starts (the text's end past the last): the one before ends
+        after its value."""
+        return text.index(b"\n", starts[line - 1]) + 1 if line else header_end
+
+    parts: list[bytes] = [text[:header_end]]
     value_starts = array("i")
-    written = line_starts[0]
+    written = header_end
     added = iter(new_lines)
     # each series' line in the known text, -1 for a new series
     olds = [where.get(id(attributes), -1) for attributes in recipe.attributes]
@@ -190,7 +194,7 @@ def _with_new_series(
                 and _same_text(known_values[olds[end]], values[end])
             ):
                 end += 1
-            first, last = line_starts[at], line_starts[at + end - index]
+            first, last = line_start(at), line_start(at + end - index)
             parts.append(text[first:last])
             shift = written - first
             value_starts.extend([start + shift for start in starts[at : at + end - index]])
@@ -198,7 +202,7 @@ def _with_new_series(
             index = end
             continue
         else:
-            head = text[line_starts[at] : starts[at]]
+            head = text[line_start(at) : starts[at]]
         number = floatToGoString(value).encode()  # type: ignore[no-untyped-call]
         parts += (head, number, b"\n")
         value_starts.append(written + len(head))
