@@ -25,9 +25,11 @@ from otel_numa.model import (
     Source,
     Topology,
 )
+from otel_numa.snapshot.collectors.kubelet import RACY_LISTING_NS
 from otel_numa.snapshot.memo import LastResult
 from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources.errors import SourceError, SourceMissing
+from otel_numa.sources.files import StatSignature
 from otel_numa.sources.podresources_answer import MachineLimits
 
 if TYPE_CHECKING:
@@ -39,8 +41,6 @@ SOURCE = Source.PODRESOURCES
 FIRST_RETRY_S = 0.5
 # GetAllocatableResources is asked again at least this often, whatever the kubelet's files say
 ALLOCATABLE_MAX_AGE_S = 60.0
-# a directory or file changed this recently may change again within its mtime's tick, unseen
-RACY_NS = 1_000_000_000
 DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"
 
 
@@ -212,19 +212,17 @@ def allocatable_signature(
     if device_plugins is None:
         return None
     try:
-        sock = os.stat(socket)
-        directory = os.stat(device_plugins)
+        sock = os.stat(socket)  # a socket made anew can reuse an inode number, not its change time
     except OSError:
         return None
-    try:
-        checkpoint = os.stat(device_plugins / DEVICE_CHECKPOINT)
-        written: tuple[int, int, int] | None = (checkpoint.st_ino, checkpoint.st_size, checkpoint.st_mtime_ns)
-    except OSError:
-        written = None
-    newest = max(directory.st_mtime_ns, written[2] if written is not None else 0)
-    if time.time_ns() - newest < RACY_NS:
+    directory = StatSignature.of(device_plugins)
+    if directory is None:
         return None
-    return (sock.st_ino, sock.st_ctime_ns, directory.st_ino, directory.st_mtime_ns, written, limits)
+    written = StatSignature.of(device_plugins / DEVICE_CHECKPOINT)
+    newest = max(directory.mtime_ns, written.mtime_ns if written is not None else 0)
+    if time.time_ns() - newest < RACY_LISTING_NS:
+        return None
+    return (sock.st_ino, sock.st_ctime_ns, directory, written, limits)
 
 
 def checkpoint_uids(state: KubeletState) -> frozenset[str]:
