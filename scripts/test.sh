@@ -10,8 +10,9 @@ bash scripts/setup.sh --test
 # the import-layer contracts of pyproject.toml; the report (a banner) is shown only when one is broken
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 # the tests wait on deadlines and peers more than they compute: one worker more than the cores (at most 8;
-# with two more, the tests that time answers under attack fail on 2 cores); the container-engine tests take
-# turns (tests/conftest.py). `-n 0` runs them all in this process.
+# with two more, the tests that time answers under attack fail on 2 cores); the container-engine tests share
+# one worker (their xdist group, tests/conftest.py) so that no worker waits for another's turn. `-n 0` runs
+# them all in this process.
 workers=$(( $(nproc) + 1 ))
 [ "$workers" -le 8 ] || workers=8
-exec .venv/bin/pytest -n "$workers" "$@"
+exec .venv/bin/pytest -n "$workers" --dist loadgroup "$@"

@@ -16,7 +16,8 @@ KINDS = ("unit", "agent", "e2e", "deploy")
 
 
 # Modules whose tests share one container engine's store (images built and pruned, the stack's containers):
-# under parallel workers (`-n`) one of them runs at a time, the others' workers wait for its lock.
+# they run one after the other on one worker (`--dist loadgroup`, as scripts/test.sh runs them), while the
+# other workers go on with the rest; under any other distribution the lock still makes them take turns.
 ONE_ENGINE = frozenset({"test_image.py", "test_deploy_stack.py"})
 ENGINE_LOCK = Path("/tmp/otel-numa-tests-container-engine.lock")
 
@@ -27,6 +28,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         kind = item.path.parent.name
         if kind in KINDS:
             item.add_marker(kind)
+        if item.path.name in ONE_ENGINE:
+            item.add_marker(pytest.mark.xdist_group("container-engine"))
 
 
 @pytest.fixture(scope="module", autouse=True)
