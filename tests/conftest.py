@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +20,10 @@ KINDS = ("unit", "agent", "e2e", "deploy")
 # they run one after the other on one worker (`--dist loadgroup`, as scripts/test.sh runs them), while the
 # other workers go on with the rest; under any other distribution the lock still makes them take turns.
 ONE_ENGINE = frozenset({"test_image.py", "test_deploy_stack.py"})
-ENGINE_LOCK = Path("/tmp/otel-numa-tests-container-engine.lock")
+ENGINE_LOCK = Path(os.environ.get("OTEL_NUMA_TEST_ENGINE_LOCK", "/tmp/otel-numa-tests-container-engine.lock"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test carries its folder's kind as a marker: `pytest -m unit`, `-m "not e2e and not deploy"`."""
     for item in items:
