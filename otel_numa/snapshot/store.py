@@ -88,6 +88,7 @@ class SnapshotStore:
         self._built = 0  # the newest one finished
         self._running: int | None = None  # the one in progress
         self._running_since: float | None = None
+        self._overdue = 0  # the newest generation a collection waited for in vain
         self._worker: threading.Thread | None = None
         self._closed = False
         self._local = threading.local()
@@ -99,8 +100,14 @@ class SnapshotStore:
         ``wait_s`` seconds (``None``: wait for it however long it takes)."""
         with self._changed:
             now = self._clock()
+            # a build that outlasted a wait, or that another collection already waited for in vain (its
+            # worker may have begun it late, on a busy machine), is not waited for again
+            running, since = self._running, self._running_since
             stuck = (
-                wait_s is not None and self._running_since is not None and now - self._running_since > wait_s
+                wait_s is not None
+                and running is not None
+                and since is not None
+                and (running <= self._overdue or now - since > wait_s)
             )
             target = (self._running if self._running is not None else self._built) + 1
             self._wanted = max(self._wanted, target)
@@ -111,9 +118,12 @@ class SnapshotStore:
                 )
                 self._worker.start()
             self._changed.notify_all()
-            if not stuck and not self._closed:
+            waited = not stuck and not self._closed
+            if waited:
                 self._changed.wait_for(lambda: self._built >= target or self._closed, timeout=wait_s)
             fresh, latest = self._built >= target, self._latest
+            if waited and not fresh:
+                self._overdue = max(self._overdue, target)
         if fresh and latest is not None:
             return latest
         return self._stale(latest, self._clock())

@@ -48,6 +48,32 @@ def test_a_hanging_build_serves_the_last_snapshot_aged_to_now() -> None:
     assert fresh.taken_at > first.taken_at and store.stalled_for() == 0.0
 
 
+def test_a_build_begun_late_is_waited_for_once() -> None:
+    """On a busy machine the worker may begin a build well after the collection asked for it: once a
+    collection waited for that build in vain, the next one does not wait for it again."""
+    release = threading.Event()
+
+    def build() -> Snapshot:
+        release.wait(30)
+        return Snapshot(taken_at=time.monotonic(), machine=None, allocation=Allocation(), sources=())
+
+    def clock() -> float:  # the worker reads it when it begins a build: as if it began 0.15 s late
+        late = threading.current_thread().name == "otel-numa-collect"
+        return time.monotonic() + (0.15 if late else 0.0)
+
+    store = SnapshotStore(build, fresh_wait_s=0.2, clock=clock)
+    try:
+        started = time.monotonic()
+        with store.pinned():
+            assert time.monotonic() - started >= 0.2
+        started = time.monotonic()
+        with store.pinned():
+            assert time.monotonic() - started < 0.15
+    finally:
+        release.set()
+        store.close()
+
+
 def test_a_collection_waits_for_a_build_that_starts_after_its_request() -> None:
     """A collection never gets a build that began before it asked: a file changed just before still
     shows."""
