@@ -37,7 +37,7 @@ from otel_numa.sources.files import CGROUP_FILE_BYTES, MAX_CPU_ID, ErrorSink, Ke
 FILES_PER_CONTAINER = 4
 
 
-_NUMA_STAT, _CPUS, _MEMS, _CPU_STAT = (f"/{name}" for name in V2_FILES)
+_NUMA_STAT, _CPUS, _MEMS, _CPU_STAT = V2_FILES
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +88,14 @@ class CgroupRounds:
             numa_stat: bytes | None
             cpu_stat: bytes | None
             if counters is None:
-                numa_stat = read_file(directory + _NUMA_STAT, limit=CGROUP_FILE_BYTES)
+                numa_stat = read_file(directory, _NUMA_STAT, limit=CGROUP_FILE_BYTES)
             if cpusets or last is None:
-                cpus = read_file(directory + _CPUS, limit=CGROUP_FILE_BYTES)
-                mems = read_file(directory + _MEMS, limit=CGROUP_FILE_BYTES)
+                cpus = read_file(directory, _CPUS, limit=CGROUP_FILE_BYTES)
+                mems = read_file(directory, _MEMS, limit=CGROUP_FILE_BYTES)
             else:
                 _, cpus, mems, _ = last.texts  # type: ignore[misc]
             if counters is None:
-                cpu_stat = read_file(directory + _CPU_STAT, limit=CGROUP_FILE_BYTES)
+                cpu_stat = read_file(directory, _CPU_STAT, limit=CGROUP_FILE_BYTES)
             else:
                 numa_stat, cpu_stat = counters
             if (numa_stat is None or cpus is None or mems is None or cpu_stat is None) and not os.path.isdir(
@@ -153,7 +153,7 @@ class CgroupRounds:
             counters: tuple[bytes, bytes] | None = None
             last = last_of.get(path) if quick and not cpusets else None
             if last is not None and last.error is None and not last.cpuset_errors:
-                numa_stat, cpu_stat = read_kept(path + _NUMA_STAT), read_kept(path + _CPU_STAT)
+                numa_stat, cpu_stat = read_kept(path, _NUMA_STAT), read_kept(path, _CPU_STAT)
                 # else read again the long way, which tells what is wrong
                 if numa_stat is not None and cpu_stat is not None:
                     texts: Any = last.texts  # as _same_v2 reads it, without the call

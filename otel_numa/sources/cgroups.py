@@ -202,17 +202,12 @@ def _find(cgroup_root: Path, layout: CgroupLayout, listed: list[str]) -> tuple[C
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def _read(path: str, files: KeptFiles | None) -> str | None:
+def _read(directory: str, name: str, files: KeptFiles | None) -> str | None:
     """A cgroup file's text, or ``None`` when it is not there (or its cgroup was just removed); through
     ``files`` when given (kept open from one round to the next)."""
     if files is None:
-        return read_optional_text(path, limit=CGROUP_FILE_BYTES)
-    return decoded(read_kept(files, path))
-
-
-def read_kept(files: KeptFiles, path: str) -> bytes | None:
-    """A cgroup file's bytes through ``files``, or ``None`` when it is not there."""
-    return files.read_optional(path, limit=CGROUP_FILE_BYTES)
+        return read_optional_text(f"{directory}/{name}", limit=CGROUP_FILE_BYTES)
+    return decoded(files.read_optional(directory, name, limit=CGROUP_FILE_BYTES))
 
 
 def decoded(data: bytes | None) -> str | None:
@@ -336,10 +331,10 @@ def _v1_controller_dir(memory_dir: str, controller: str) -> str:
 def _read_v2(
     directory: str, files: KeptFiles | None
 ) -> tuple[str | None, str | None, str | None, float | None]:
-    numa_stat = _read(directory + "/memory.numa_stat", files)
-    cpus = _read(directory + "/cpuset.cpus.effective", files)
-    mems = _read(directory + "/cpuset.mems.effective", files)
-    cpu_stat = _read(directory + "/cpu.stat", files)
+    numa_stat = _read(directory, "memory.numa_stat", files)
+    cpus = _read(directory, "cpuset.cpus.effective", files)
+    mems = _read(directory, "cpuset.mems.effective", files)
+    cpu_stat = _read(directory, "cpu.stat", files)
     usage = _cpu_usage_usec(cpu_stat) if cpu_stat is not None else None
     return numa_stat, cpus, mems, usage / 1e6 if usage is not None else None
 
@@ -347,17 +342,17 @@ def _read_v2(
 def _read_v1(
     memory_dir: str, files: KeptFiles | None
 ) -> tuple[str | None, str | None, str | None, float | None]:
-    numa_stat = _read(memory_dir + "/memory.numa_stat", files)
+    numa_stat = _read(memory_dir, "memory.numa_stat", files)
     cpuset_dir = _v1_controller_dir(memory_dir, "cpuset")
-    cpus = _read(cpuset_dir + "/cpuset.effective_cpus", files)
+    cpus = _read(cpuset_dir, "cpuset.effective_cpus", files)
     if cpus is None:
-        cpus = _read(cpuset_dir + "/cpuset.cpus", files)
-    mems = _read(cpuset_dir + "/cpuset.effective_mems", files)
+        cpus = _read(cpuset_dir, "cpuset.cpus", files)
+    mems = _read(cpuset_dir, "cpuset.effective_mems", files)
     if mems is None:
-        mems = _read(cpuset_dir + "/cpuset.mems", files)
+        mems = _read(cpuset_dir, "cpuset.mems", files)
     usage_text = None
     for controller in _V1_CPUACCT_DIRS:
-        usage_text = _read(_v1_controller_dir(memory_dir, controller) + "/cpuacct.usage", files)
+        usage_text = _read(_v1_controller_dir(memory_dir, controller), "cpuacct.usage", files)
         if usage_text is not None:
             break
     cpu_time = _int(usage_text, usage_text) / 1e9 if usage_text is not None else None

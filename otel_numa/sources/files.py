@@ -127,12 +127,13 @@ class _OpenFiles:
         self.count = 0
         self.lock = threading.Lock()
 
-    def close(self, fds: dict[str, int]) -> None:
-        """Close ``fds`` (path -> descriptor) and forget them."""
+    def close(self, fds: dict[str, dict[str, int]]) -> None:
+        """Close ``fds`` (directory -> file name -> descriptor) and forget them."""
         with self.lock:
-            self.count -= len(fds)
-        for fd in fds.values():
-            os.close(fd)
+            self.count -= sum(map(len, fds.values()))
+        for in_directory in fds.values():
+            for fd in in_directory.values():
+                os.close(fd)
         fds.clear()
 
 
@@ -149,22 +150,26 @@ class KeptFiles:
     at all (:meth:`retain_under`: the ones watched). A file is opened and checked as :func:`read_bytes`
     does; at most ``capacity`` files are kept open, within the process's budget (:class:`_OpenFiles`),
     others are opened for each read. A file that cannot be read is forgotten, and opened again at its next
-    read. Closed when dropped. Not thread-safe: one reading thread."""
+    read. Closed when dropped. Not thread-safe: one reading thread.
+
+    A file is named by its directory and its name: thousands of containers' files are kept under the
+    directory string each container already holds, not under a long path of their own each."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._fds: dict[str, int] = {}
-        self._by_directory: dict[str, set[str]] = {}
+        self._fds: dict[str, dict[str, int]] = {}  # directory -> file name -> descriptor
+        self._count = 0
         self._keepable: set[str] | None = None  # directories whose files may be kept; None: any
         self._closer = weakref.finalize(self, _OPEN_FILES.close, self._fds)
 
     def __len__(self) -> int:
-        return len(self._fds)
+        return self._count
 
-    def read_kept(self, path: str) -> bytes | None:
-        """The bytes of ``path`` when it is kept open and one ``pread`` reads it whole; else ``None`` (read
-        it with :meth:`read_optional`, which opens it, or tells what is wrong)."""
-        fd = self._fds.get(path)
+    def read_kept(self, directory: str, name: str) -> bytes | None:
+        """The bytes of ``directory/name`` when it is kept open and one ``pread`` reads it whole; else
+        ``None`` (read it with :meth:`read_optional`, which opens it, or tells what is wrong)."""
+        in_directory = self._fds.get(directory)
+        fd = in_directory.get(name) if in_directory is not None else None
         if fd is None:
             return None
         try:
@@ -173,9 +178,10 @@ class KeptFiles:
             return None
         return data if 0 < len(data) < READ_SIZE else None
 
-    def read_optional(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
+    def read_optional(self, directory: str, name: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
         """Like :meth:`read`, but a missing file is ``None`` instead of an error."""
-        fd = self._fds.get(path)
+        in_directory = self._fds.get(directory)
+        fd = in_directory.get(name) if in_directory is not None else None
         if fd is not None:  # the common case, on its own path: one pread, nothing else
             try:
                 data = os.pread(fd, READ_SIZE, 0)
@@ -184,18 +190,19 @@ class KeptFiles:
             if 0 < len(data) < READ_SIZE and len(data) <= limit:
                 return data
         try:
-            return self.read(path, limit=limit)
+            return self.read(directory, name, limit=limit)
         except SourceMissing:
             return None
 
-    def read(self, path: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
-        """The bytes of ``path``, as :func:`read_bytes` gives them (and raises)."""
-        fd = self._fds.get(path)
+    def read(self, directory: str, name: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
+        """The bytes of ``directory/name``, as :func:`read_bytes` gives them (and raises)."""
+        path = f"{directory}/{name}"
+        in_directory = self._fds.get(directory)
+        fd = in_directory.get(name) if in_directory is not None else None
         if fd is None:
-            directory = os.path.dirname(path)
             keepable = self._keepable
             if (
-                len(self._fds) >= self.capacity
+                self._count >= self.capacity
                 or (keepable is not None and directory not in keepable)
                 or _OPEN_FILES.count >= _OPEN_FILES.budget
             ):
@@ -203,43 +210,40 @@ class KeptFiles:
             fd = _open_regular(path, limit)
             with _OPEN_FILES.lock:
                 _OPEN_FILES.count += 1
-            self._fds[path] = fd
-            self._by_directory.setdefault(directory, set()).add(path)
+            self._fds.setdefault(directory, {})[name] = fd
+            self._count += 1
         try:
             return _read_at_start(fd, path, limit)
         except SourceError:
-            self._forget(path)
+            self._close(directory, name)
             raise
 
     def forget_under(self, directory: str) -> None:
         """Close the files kept in ``directory`` (its entries changed: a file may have been replaced)."""
-        for path in self._by_directory.pop(directory, set()):
-            self._close(path)
+        for name in list(self._fds.get(directory, ())):
+            self._close(directory, name)
 
     def retain_under(self, directories: set[str]) -> None:
         """Keep files open only in ``directories`` from now on; the others are closed."""
         self._keepable = directories
-        for directory in [directory for directory in self._by_directory if directory not in directories]:
+        for directory in [directory for directory in self._fds if directory not in directories]:
             self.forget_under(directory)
 
     def close(self) -> None:
         _OPEN_FILES.close(self._fds)
-        self._by_directory.clear()
+        self._count = 0
 
-    def _close(self, path: str) -> None:
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            with _OPEN_FILES.lock:
-                _OPEN_FILES.count -= 1
-            os.close(fd)
-
-    def _forget(self, path: str) -> None:
-        self._close(path)
-        paths = self._by_directory.get(os.path.dirname(path))
-        if paths is not None:
-            paths.discard(path)
-            if not paths:
-                del self._by_directory[os.path.dirname(path)]
+    def _close(self, directory: str, name: str) -> None:
+        in_directory = self._fds.get(directory)
+        fd = in_directory.pop(name, None) if in_directory is not None else None
+        if fd is None:
+            return
+        if not in_directory:
+            del self._fds[directory]
+        self._count -= 1
+        with _OPEN_FILES.lock:
+            _OPEN_FILES.count -= 1
+        os.close(fd)
 
 
 def _open_regular(path: str, limit: int) -> int:

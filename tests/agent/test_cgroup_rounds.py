@@ -149,9 +149,9 @@ def test_a_round_that_changes_nothing_reads_no_cpuset(
     for name in ("read_kept", "read_optional", "read"):
         method = getattr(files, name)
 
-        def counting(path: str, *args: Any, method: Any = method, **kwargs: Any) -> Any:
-            read.append(path)
-            return method(path, *args, **kwargs)
+        def counting(directory: str, file: str, *args: Any, method: Any = method, **kwargs: Any) -> Any:
+            read.append(f"{directory}/{file}")
+            return method(directory, file, *args, **kwargs)
 
         monkeypatch.setattr(files, name, counting)
     view_of(walk)

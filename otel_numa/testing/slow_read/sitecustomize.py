@@ -31,27 +31,29 @@ if _SETTING:
     files.read_bytes = _slow_read_bytes
     _kept_read = files.KeptFiles.read
 
-    def _slow_kept_read(self: files.KeptFiles, path: str, *, limit: int = files.SYSFS_FILE_BYTES) -> bytes:
-        if path == _slow_path and os.path.exists(_marker):
+    def _slow_kept_read(
+        self: files.KeptFiles, directory: str, name: str, *, limit: int = files.SYSFS_FILE_BYTES
+    ) -> bytes:
+        if f"{directory}/{name}" == _slow_path and os.path.exists(_marker):
             time.sleep(_delay_s)
-        return _kept_read(self, path, limit=limit)
+        return _kept_read(self, directory, name, limit=limit)
 
     files.KeptFiles.read = _slow_kept_read  # type: ignore[method-assign]
     _kept_read_optional = files.KeptFiles.read_optional
 
     def _slow_kept_read_optional(
-        self: files.KeptFiles, path: str, *, limit: int = files.SYSFS_FILE_BYTES
+        self: files.KeptFiles, directory: str, name: str, *, limit: int = files.SYSFS_FILE_BYTES
     ) -> bytes | None:
-        if path == _slow_path and os.path.exists(_marker):
+        if f"{directory}/{name}" == _slow_path and os.path.exists(_marker):
             time.sleep(_delay_s)
-        return _kept_read_optional(self, path, limit=limit)
+        return _kept_read_optional(self, directory, name, limit=limit)
 
     files.KeptFiles.read_optional = _slow_kept_read_optional  # type: ignore[method-assign]
     _kept_read_kept = files.KeptFiles.read_kept
 
-    def _slow_read_kept(self: files.KeptFiles, path: str) -> bytes | None:
-        if path == _slow_path and os.path.exists(_marker):
+    def _slow_read_kept(self: files.KeptFiles, directory: str, name: str) -> bytes | None:
+        if f"{directory}/{name}" == _slow_path and os.path.exists(_marker):
             time.sleep(_delay_s)
-        return _kept_read_kept(self, path)
+        return _kept_read_kept(self, directory, name)
 
     files.KeptFiles.read_kept = _slow_read_kept  # type: ignore[method-assign]
