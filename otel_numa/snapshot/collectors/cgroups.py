@@ -118,6 +118,15 @@ class ContainerLogNames:
         return self._names
 
 
+def _held_where_equal(
+    found: tuple[ContainerCgroup, ...], before: tuple[ContainerCgroup, ...]
+) -> tuple[ContainerCgroup, ...]:
+    """``found``, with the cgroup listed before wherever one is equal: its path string keys the files kept
+    open, the watch and the last readings, and is then held once, not once for each listing."""
+    held = {cgroup: cgroup for cgroup in before}
+    return tuple(held.get(cgroup, cgroup) for cgroup in found)
+
+
 def _kept_where_equal(
     names: dict[str, ContainerIdentity], previous: Mapping[str, ContainerIdentity]
 ) -> Mapping[str, ContainerIdentity]:
@@ -188,7 +197,9 @@ class CgroupCollector:
         if walked is None or changed is None or self._list_again or not changed.isdisjoint(self._walk_dirs):
             try:
                 listed: list[str] = []
-                walked = (detect_cgroup_layout(self._root), find_container_cgroups(self._root, listed))
+                layout = detect_cgroup_layout(self._root)
+                found = find_container_cgroups(self._root, listed)
+                walked = (layout, _held_where_equal(found, walked[1] if walked is not None else ()))
             except SourceMissing as error:
                 self._view = self._walked = None
                 self._tracker.failed(error)
@@ -254,7 +265,9 @@ class CgroupCollector:
     ) -> None:
         """Watch the directories just listed (a container comes or goes by an entry there) and the
         containers' own (a file replaced there is opened again); keep files open only where watched."""
-        walk_dirs = {str(self._root), *listed}
+        # the strings the watch already holds for directories listed before, not a copy of each
+        held = {directory: directory for directory in self._walk_dirs}
+        walk_dirs = {held.get(directory, directory) for directory in (str(self._root), *listed)}
         container_dirs = {
             directory for cgroup in cgroups for directory in container_directories(cgroup, layout)
         }
@@ -266,7 +279,7 @@ class CgroupCollector:
         )
         self._walk_dirs = walk_dirs
         self._container_dirs = container_dirs - missed
-        self._rounds.keep_only(cgroups, container_dirs - missed)
+        self._rounds.keep_only(cgroups, self._container_dirs)
 
     def close(self) -> None:
         """Close the watch and the files kept open."""
