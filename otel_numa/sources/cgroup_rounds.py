@@ -59,6 +59,10 @@ class CgroupRounds:
         self.files = KeptFiles(FILES_PER_CONTAINER * containers)
         self._last: dict[str, _Read] = {}
         self._bounds: tuple[object, ...] | None = None  # what the texts were judged against
+        # the reads judged against the bounds before, until each container is judged again: a usage that
+        # comes out equal stays the same object (the machine's bounds are known from the second round on;
+        # a copy would be held beside the original by whatever joined it)
+        self._before: dict[str, _Read] = {}
 
     def read(
         self,
@@ -80,6 +84,7 @@ class CgroupRounds:
         ``memory.numa_stat`` and ``cpu.stat`` bytes when the caller read them already."""
         bounds = (layout, memory_types, nodes, cpu_limit, machine_cpus)
         if bounds != self._bounds:
+            self._before = dict(self._last)
             self._last.clear()
             self._bounds = bounds
         last = self._last.get(cgroup.path)
@@ -178,6 +183,7 @@ class CgroupRounds:
                 continue
             if usage is not None:  # None: the container stopped meanwhile
                 usages.append(usage)
+        self._before.clear()  # every container was judged again, or is gone
         return usages
 
     def _judged(
@@ -204,6 +210,9 @@ class CgroupRounds:
         except SourceError as error:
             # kept without its traceback, whose frames would hold the file's text
             return _Read(seen, None, error.with_traceback(None), tuple(cpuset_errors))
+        before = self._before.pop(cgroup.path, None) if self._before else None
+        if before is not None and before.usage == usage:
+            usage = before.usage
         return _Read(seen, usage, None, tuple(cpuset_errors))
 
     def changed(self, directories: Iterable[str]) -> None:
@@ -217,11 +226,13 @@ class CgroupRounds:
         paths = {cgroup.path for cgroup in cgroups}
         for path in [path for path in self._last if path not in paths]:
             del self._last[path]
+        self._before.clear()
         self.files.retain_under(kept)
 
     def close(self) -> None:
         self.files.close()
         self._last.clear()
+        self._before.clear()
 
 
 def _numa_stat_key(numa_stat: bytes | None, memory_types: Collection[str] | None) -> object:
