@@ -18,9 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from otel_numa.model import CgroupLayout, ContainerNumaUsage
+from otel_numa.model import CgroupLayout, ContainerNumaUsage, Interned
 from otel_numa.sources.cgroups import (
     V2_FILES,
     ContainerCgroup,
@@ -40,13 +39,22 @@ FILES_PER_CONTAINER = 4
 _NUMA_STAT, _CPUS, _MEMS, _CPU_STAT = V2_FILES
 
 
+# the cpuset files' bytes kept per container: a node has a few distinct ones (see _checked_ids)
+_cpuset_bytes: Interned[bytes] = Interned(limit=4096)
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """A container's files last round (their texts, or for v2 what tells its bytes apart) and what they
-    gave: its usage, or the error that left it out, and the errors of its cpusets (counted again every
-    round they are read)."""
+    """A container's files last round and what they gave: its usage, or the error that left it out, and
+    the errors of its cpusets (counted again every round they are read). For v2 what tells its files'
+    bytes apart: ``key`` that of ``memory.numa_stat`` (:func:`_numa_stat_key`), the cpusets and
+    ``cpu.stat`` as read (fields, not a tuple: one object less a container); for v1 ``key`` holds the
+    texts parsed, the others ``None``."""
 
-    texts: object
+    key: object
+    cpus: bytes | None
+    mems: bytes | None
+    cpu_stat: bytes | None
     usage: ContainerNumaUsage | None
     error: SourceError | None
     cpuset_errors: tuple[SourceError, ...]
@@ -98,7 +106,7 @@ class CgroupRounds:
                 cpus = read_file(directory, _CPUS, limit=CGROUP_FILE_BYTES)
                 mems = read_file(directory, _MEMS, limit=CGROUP_FILE_BYTES)
             else:
-                _, cpus, mems, _ = last.texts  # type: ignore[misc]
+                cpus, mems = last.cpus, last.mems
             if counters is None:
                 cpu_stat = read_file(directory, _CPU_STAT, limit=CGROUP_FILE_BYTES)
             else:
@@ -108,8 +116,13 @@ class CgroupRounds:
             ):
                 self._last.pop(cgroup.path, None)
                 return None  # the container stopped while we read it: not an error
-            if last is None or not _same_v2(last.texts, numa_stat, cpus, mems, cpu_stat):
-                seen = (_numa_stat_key(numa_stat, memory_types), cpus, mems, cpu_stat)
+            if last is None or not _same_v2(last, numa_stat, cpus, mems, cpu_stat):
+                seen = (
+                    _numa_stat_key(numa_stat, memory_types),
+                    _cpuset_bytes(cpus) if cpus is not None else None,
+                    _cpuset_bytes(mems) if mems is not None else None,
+                    cpu_stat,
+                )
                 texts = texts_v2(
                     decoded(numa_stat), decoded(cpus), decoded(mems), decoded(cpu_stat), memory_types
                 )
@@ -120,8 +133,10 @@ class CgroupRounds:
             if read is None:
                 self._last.pop(cgroup.path, None)
                 return None
-            if last is None or last.texts != read:
-                last = self._judged(cgroup, layout, read, read, nodes, cpu_limit, machine_cpus)
+            if last is None or last.key != read:
+                last = self._judged(
+                    cgroup, layout, (read, None, None, None), read, nodes, cpu_limit, machine_cpus
+                )
                 self._last[cgroup.path] = last
         for error in last.cpuset_errors:
             if on_cpuset_error is None:
@@ -161,8 +176,8 @@ class CgroupRounds:
                 numa_stat, cpu_stat = read_kept(path, _NUMA_STAT), read_kept(path, _CPU_STAT)
                 # else read again the long way, which tells what is wrong
                 if numa_stat is not None and cpu_stat is not None:
-                    texts: Any = last.texts  # as _same_v2 reads it, without the call
-                    if texts[3] == cpu_stat and _same_numa_stat(texts[0], numa_stat):
+                    # as _same_v2 reads it, without the call
+                    if last.cpu_stat == cpu_stat and _same_numa_stat(last.key, numa_stat):
                         usages.append(last.usage)  # type: ignore[arg-type]
                         continue
                     counters = (numa_stat, cpu_stat)
@@ -190,7 +205,7 @@ class CgroupRounds:
         self,
         cgroup: ContainerCgroup,
         layout: CgroupLayout,
-        seen: object,
+        seen: tuple[object, bytes | None, bytes | None, bytes | None],
         texts: ContainerTexts,
         nodes: Collection[int] | None,
         cpu_limit: int,
@@ -209,11 +224,11 @@ class CgroupRounds:
             )
         except SourceError as error:
             # kept without its traceback, whose frames would hold the file's text
-            return _Read(seen, None, error.with_traceback(None), tuple(cpuset_errors))
+            return _Read(*seen, None, error.with_traceback(None), tuple(cpuset_errors))
         before = self._before.pop(cgroup.path, None) if self._before else None
         if before is not None and before.usage == usage:
             usage = before.usage
-        return _Read(seen, usage, None, tuple(cpuset_errors))
+        return _Read(*seen, usage, None, tuple(cpuset_errors))
 
     def changed(self, directories: Iterable[str]) -> None:
         """Entries of these directories came or went: their files are opened again at their next read."""
@@ -255,12 +270,15 @@ def _numa_stat_key(numa_stat: bytes | None, memory_types: Collection[str] | None
 
 
 def _same_v2(
-    texts: object, numa_stat: bytes | None, cpus: bytes | None, mems: bytes | None, cpu_stat: bytes | None
+    last: _Read, numa_stat: bytes | None, cpus: bytes | None, mems: bytes | None, cpu_stat: bytes | None
 ) -> bool:
-    """Whether a v2 container's files parse as those last seen as ``texts`` (``numa_stat`` by its key)."""
-    assert isinstance(texts, tuple)
-    key, *rest = texts
-    return rest == [cpus, mems, cpu_stat] and _same_numa_stat(key, numa_stat)
+    """Whether a v2 container's files parse as those ``last`` read (``numa_stat`` by its key)."""
+    return (
+        last.cpus == cpus
+        and last.mems == mems
+        and last.cpu_stat == cpu_stat
+        and _same_numa_stat(last.key, numa_stat)
+    )
 
 
 def _same_numa_stat(key: object, numa_stat: bytes | None) -> bool:
