@@ -27,7 +27,7 @@ monotonic even when a shared-pool cpuset changes between rounds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from otel_numa.accounting.kernel_view import cpu_mismatch, memory_mismatch
@@ -232,16 +232,19 @@ def join_usage(
 
 
 def _nonzero(
-    memory_by_type: Mapping[str, Mapping[int, int]], types: Iterable[str]
+    memory_by_type: Mapping[str, Mapping[int, int]], types: Collection[str]
 ) -> Mapping[str, Mapping[int, int]]:
     """The exported types, without the nodes where the container has none: sparse, so that 1,000 containers
     on 16 nodes do not make 64,000 series of zeros. A type with no zero is the parsed mapping itself, not a
-    copy (parsed readings are never changed)."""
+    copy (parsed readings are never changed), and so are the readings when all of them are exported."""
     found: dict[str, Mapping[int, int]] = {}
-    for memory_type in types:
-        by_node = memory_by_type.get(memory_type)
+    for memory_type, by_node in memory_by_type.items():
+        if memory_type not in types:
+            continue
         if by_node and 0 in by_node.values():
             by_node = small_map({node: amount for node, amount in by_node.items() if amount})
         if by_node:
             found[memory_type] = by_node
+    if len(found) == len(memory_by_type) and all(found[kind] is memory_by_type[kind] for kind in found):
+        return memory_by_type
     return small_map(found)
