@@ -197,6 +197,8 @@ class PodResourcesClient:
             raise SourceCorrupt(f"{what}: the answer does not parse", error_type="parse_error") from exc
         del data  # the bytes, as large as the answer, are not kept while it is read
         value = read(response, AnswerReader(limits, what))
+        if last is not None and last[0] == digest and last[2] == value:
+            value = last[2]  # the same answer judged by new limits: the object the join already holds
         self._last[method] = (digest, limits, value)
         return value
 

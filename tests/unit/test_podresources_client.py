@@ -150,6 +150,10 @@ def test_the_same_answer_gives_the_same_pods_and_a_new_one_is_read_anew(server: 
     assert client.list_pods() == ()
     server.state.pods = [pod("a", [1, 2]), pod("b", [3])]
     assert client.list_pods() == first
+    # once the machine is known the same answer is judged again by its limits; an equal result is the
+    # object already held (the join holds it: no second copy of every pod)
+    again = client.list_pods()
+    assert client.list_pods(MachineLimits(highest_cpu=7, numa_nodes=frozenset({0}))) is again
     client.close()
 
 
