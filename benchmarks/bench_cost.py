@@ -215,7 +215,9 @@ def common_args(otlp_endpoint: str, interval_s: float) -> list[str]:
 
 def node_tree(key: str, title: str, spec: LargeNodeSpec, work: Path) -> Tree:
     node = write_large_node(work / key, spec)
-    floor = write_large_node(work / f"{key}-floor", dataclasses.replace(spec, pods=0, cgroups=False))
+    # the same machine with an empty kubelet: its checkpoints and kubepods cgroups, with no pod in them
+    floor = write_large_node(work / f"{key}-floor", dataclasses.replace(spec, pods=0))
+    floor.write_checkpoints(0)
     return Tree(key, title, node.sysfs_root, node.procfs_root, node_args(node), node, floor)
 
 

@@ -648,7 +648,7 @@ def write_large_node(root: Path, spec: LargeNodeSpec | None = None) -> LargeNode
     if spec.pods:
         _write_pod_directories(node)
         node.write_checkpoints(0)
-    if spec.cgroups and spec.pods:
+    if spec.cgroups:  # with no pods, the kubepods hierarchy a kubelet makes before its first pod
         _write_cgroups(node, numa_ids)
     return node
 
