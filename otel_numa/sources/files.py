@@ -10,7 +10,7 @@ import resource
 import stat
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +140,9 @@ class _OpenFiles:
 _OPEN_FILES = _OpenFiles()
 
 
+_NO_FILES: Mapping[str, int] = {}  # the files kept in a directory where none are (never written)
+
+
 class KeptFiles:
     """Files read again every round (each container's cgroup files), kept open between rounds: reading
     one again is one ``pread(2)`` at offset 0 instead of open, fstat, read and close. On kernfs (sysfs,
@@ -168,8 +171,7 @@ class KeptFiles:
     def read_kept(self, directory: str, name: str) -> bytes | None:
         """The bytes of ``directory/name`` when it is kept open and one ``pread`` reads it whole; else
         ``None`` (read it with :meth:`read_optional`, which opens it, or tells what is wrong)."""
-        in_directory = self._fds.get(directory)
-        fd = in_directory.get(name) if in_directory is not None else None
+        fd = self._fds.get(directory, _NO_FILES).get(name)
         if fd is None:
             return None
         try:
@@ -180,8 +182,7 @@ class KeptFiles:
 
     def read_optional(self, directory: str, name: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
         """Like :meth:`read`, but a missing file is ``None`` instead of an error."""
-        in_directory = self._fds.get(directory)
-        fd = in_directory.get(name) if in_directory is not None else None
+        fd = self._fds.get(directory, _NO_FILES).get(name)
         if fd is not None:  # the common case, on its own path: one pread, nothing else
             try:
                 data = os.pread(fd, READ_SIZE, 0)
@@ -197,8 +198,7 @@ class KeptFiles:
     def read(self, directory: str, name: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes:
         """The bytes of ``directory/name``, as :func:`read_bytes` gives them (and raises)."""
         path = f"{directory}/{name}"
-        in_directory = self._fds.get(directory)
-        fd = in_directory.get(name) if in_directory is not None else None
+        fd = self._fds.get(directory, _NO_FILES).get(name)
         if fd is None:
             keepable = self._keepable
             if (
