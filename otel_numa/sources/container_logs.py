@@ -29,8 +29,10 @@ def parse_container_log_name(name: str) -> ContainerIdentity | None:
     return ContainerIdentity(pod_name, namespace, container_name, container_id)
 
 
-def read_container_identities(container_logs_root: Path) -> dict[str, ContainerIdentity]:
-    """Identities of the containers that have a log link, by container id.
+def read_container_identities(
+    container_logs_root: Path, parse: Callable[[str], ContainerIdentity | None] = parse_container_log_name
+) -> dict[str, ContainerIdentity]:
+    """Identities of the containers that have a log link, by container id (each name read by ``parse``).
 
     Raises :class:`SourceMissing` when the directory does not exist, :class:`SourceUnavailable` when it
     cannot be listed.
@@ -39,7 +41,7 @@ def read_container_identities(container_logs_root: Path) -> dict[str, ContainerI
     try:
         with os.scandir(container_logs_root) as entries:
             for entry in entries:
-                identity = parse_container_log_name(entry.name)
+                identity = parse(entry.name)
                 if identity is not None:
                     identities[identity.container_id] = identity
     except (FileNotFoundError, NotADirectoryError) as exc:
@@ -58,13 +60,33 @@ SETTLED_S = 2.0
 class ContainerLogListing:
     """:func:`read_container_identities`, listed again only when the directory may have changed: its
     device, inode or mtime is not what it was, or it had changed less than :data:`SETTLED_S` before the
-    last listing. While unchanged, the same dict object is handed back (its caller must not change it)."""
+    last listing. While unchanged, the same dict object is handed back (its caller must not change it); a
+    listing again finds the names it found before parsed already, and hands back the last dict when it
+    found the same containers (a pod change lists ~1,000 names on a crowded node, ~13 µs each to parse)."""
 
     def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
         self._root = root
         self._clock = clock  # the wall clock, which the directory's mtime comes from
         self._stamp: tuple[int, int, int] | None = None
         self._identities: dict[str, ContainerIdentity] | None = None
+        self._last: dict[str, ContainerIdentity] = {}  # the last listing's result, trusted or not
+        self._parsed: dict[str, ContainerIdentity | None] = {}  # the last listing's names, parsed
+        self._parsing: dict[str, ContainerIdentity | None] = {}
+
+    def _parse(self, name: str) -> ContainerIdentity | None:
+        parsed = self._parsed
+        identity = parsed[name] if name in parsed else parse_container_log_name(name)
+        self._parsing[name] = identity
+        return identity
+
+    def _list(self) -> dict[str, ContainerIdentity]:
+        self._parsing = {}
+        identities = read_container_identities(self._root, self._parse)
+        self._parsed = self._parsing  # names gone from the directory are forgotten
+        if identities == self._last:
+            return self._last
+        self._last = identities
+        return identities
 
     def identities(self) -> dict[str, ContainerIdentity]:
         """Raises as :func:`read_container_identities` does."""
@@ -77,7 +99,7 @@ class ContainerLogListing:
             return self._identities
         listed_at = self._clock()
         self._stamp = self._identities = None
-        identities = read_container_identities(self._root)
+        identities = self._list()
         if status is not None and listed_at - status.st_mtime_ns / 1e9 >= SETTLED_S:
             self._stamp, self._identities = stamp, identities
         return identities

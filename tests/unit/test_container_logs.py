@@ -118,3 +118,33 @@ def test_a_containers_names_and_ids_are_one_string_whichever_source_read_them() 
     (listed,) = AnswerReader(MachineLimits(), "List").pods([answer])
     assert listed.name is pod.name and listed.namespace is pod.namespace
     assert listed.containers[0].name is log.container_name
+
+
+def test_a_listing_again_parses_only_names_it_had_not_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory that just changed is listed every round until it settles; the names found before are
+    not parsed again, and the same links give the same mapping."""
+    from otel_numa.sources import container_logs
+
+    _link(tmp_path, f"web-0_shop_app-{ID_1}.log")
+    _link(tmp_path, f"web-1_shop_app-{ID_2}.log")
+    parsed: list[str] = []
+
+    def counting(name: str) -> ContainerIdentity | None:
+        parsed.append(name)
+        return parse_container_log_name(name)
+
+    monkeypatch.setattr(container_logs, "parse_container_log_name", counting)
+    listing = container_logs.ContainerLogListing(tmp_path)  # the links are new: never settled
+    first = listing.identities()
+    assert len(parsed) == 2
+    assert listing.identities() is first and len(parsed) == 2
+    _link(tmp_path, f"web-2_shop_app-{ID_3}.log")
+    third = listing.identities()
+    assert parsed[2:] == [f"web-2_shop_app-{ID_3}.log"]
+    assert third[ID_1] is first[ID_1] and set(third) == {ID_1, ID_2, ID_3}
+    os.unlink(tmp_path / f"web-0_shop_app-{ID_1}.log")
+    assert set(listing.identities()) == {ID_2, ID_3} and len(parsed) == 3
+    _link(tmp_path, f"web-0_shop_app-{ID_1}.log")  # a name forgotten when it left is parsed anew
+    assert set(listing.identities()) == {ID_1, ID_2, ID_3} and len(parsed) == 4
