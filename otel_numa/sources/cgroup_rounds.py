@@ -16,7 +16,7 @@ containers it still reads (:meth:`CgroupRounds.keep_only`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass
 
 from otel_numa.model import CgroupLayout, ContainerNumaUsage, Interned
@@ -157,10 +157,10 @@ class CgroupRounds:
         machine_cpus: Collection[int] | None,
         on_cpuset_error: ErrorSink,
         on_error: Callable[[ContainerCgroup, SourceError], None],
-        cpusets_of: Callable[[str], bool] | None = None,
+        cpusets_of: Container[str] | None = None,
     ) -> list[ContainerNumaUsage]:
-        """Every container's usage, as :meth:`read` gives it (``cpusets_of(directory)``: whether to read
-        that container's cpusets; ``None``: every container's); a container that fails goes to
+        """Every container's usage, as :meth:`read` gives it (``cpusets_of``: the directories of the
+        containers whose cpusets are read; ``None``: every container's); a container that fails goes to
         ``on_error``. The common round, a v2 container whose cpusets stand and whose counters hold last
         round's bytes, is two ``pread`` calls and a comparison."""
         usages: list[ContainerNumaUsage] = []
@@ -169,18 +169,20 @@ class CgroupRounds:
         quick = layout == "v2" and cpusets_of is not None and bounds == self._bounds
         for cgroup in cgroups:
             path = cgroup.path
-            cpusets = cpusets_of is None or cpusets_of(path)
+            cpusets = cpusets_of is None or path in cpusets_of
             counters: tuple[bytes, bytes] | None = None
             last = last_of.get(path) if quick and not cpusets else None
             if last is not None and last.error is None and not last.cpuset_errors:
-                numa_stat, cpu_stat = read_kept(path, _NUMA_STAT), read_kept(path, _CPU_STAT)
                 # else read again the long way, which tells what is wrong
-                if numa_stat is not None and cpu_stat is not None:
-                    # as _same_v2 reads it, without the call
-                    if last.cpu_stat == cpu_stat and _same_numa_stat(last.key, numa_stat):
+                counters = read_kept(path, _NUMA_STAT, _CPU_STAT)
+                if counters is not None:
+                    numa_stat, cpu_stat = counters
+                    key = last.key  # as _same_v2 compares, without the calls
+                    if last.cpu_stat == cpu_stat and (
+                        numa_stat.startswith(key) if type(key) is bytes else _same_numa_stat(key, numa_stat)
+                    ):
                         usages.append(last.usage)  # type: ignore[arg-type]
                         continue
-                    counters = (numa_stat, cpu_stat)
             try:
                 usage = self.read(
                     cgroup,

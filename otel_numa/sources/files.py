@@ -168,17 +168,22 @@ class KeptFiles:
     def __len__(self) -> int:
         return self._count
 
-    def read_kept(self, directory: str, name: str) -> bytes | None:
-        """The bytes of ``directory/name`` when it is kept open and one ``pread`` reads it whole; else
-        ``None`` (read it with :meth:`read_optional`, which opens it, or tells what is wrong)."""
-        fd = self._fds.get(directory, _NO_FILES).get(name)
-        if fd is None:
+    def read_kept(self, directory: str, first: str, second: str) -> tuple[bytes, bytes] | None:
+        """The bytes of two files of ``directory`` when both are kept open and one ``pread`` each reads
+        them whole; else ``None`` (read them with :meth:`read_optional`, which opens them, or tells what is
+        wrong). Two at once: a container's round is its two counter files, and this is the loop that
+        runs for every container every round."""
+        kept = self._fds.get(directory, _NO_FILES)
+        first_fd, second_fd = kept.get(first), kept.get(second)
+        if first_fd is None or second_fd is None:
             return None
         try:
-            data = os.pread(fd, READ_SIZE, 0)
+            first_data, second_data = os.pread(first_fd, READ_SIZE, 0), os.pread(second_fd, READ_SIZE, 0)
         except OSError:
             return None
-        return data if 0 < len(data) < READ_SIZE else None
+        if 0 < len(first_data) < READ_SIZE and 0 < len(second_data) < READ_SIZE:
+            return first_data, second_data
+        return None
 
     def read_optional(self, directory: str, name: str, *, limit: int = SYSFS_FILE_BYTES) -> bytes | None:
         """Like :meth:`read`, but a missing file is ``None`` instead of an error."""

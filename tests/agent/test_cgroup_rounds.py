@@ -149,9 +149,9 @@ def test_a_round_that_changes_nothing_reads_no_cpuset(
     for name in ("read_kept", "read_optional", "read"):
         method = getattr(files, name)
 
-        def counting(directory: str, file: str, *args: Any, method: Any = method, **kwargs: Any) -> Any:
-            read.append(f"{directory}/{file}")
-            return method(directory, file, *args, **kwargs)
+        def counting(directory: str, *names_and_limit: Any, method: Any = method, **kwargs: Any) -> Any:
+            read.extend(f"{directory}/{file}" for file in names_and_limit if isinstance(file, str))
+            return method(directory, *names_and_limit, **kwargs)
 
         monkeypatch.setattr(files, name, counting)
     view_of(walk)
@@ -279,13 +279,23 @@ def test_container_log_names_are_listed_again_when_the_directory_changes(tmp_pat
     (logs / f"web_shop_app-{container_id}.log").symlink_to("/nowhere")
     now = [time.time()]
     listing = ContainerLogListing(logs, clock=lambda: now[0])
-    first = listing.identities()
-    assert listing.identities() is not first  # changed less than SETTLED_S before it was listed
+    assert set(listing.identities()) == {container_id}
+    stamp = logs.stat().st_mtime_ns
+
+    def link_within_the_same_timestamp(name: str) -> None:
+        (logs / name).symlink_to("/nowhere")
+        os.utime(logs, ns=(stamp, stamp))  # as a filesystem with coarse timestamps may leave it
+
+    # changed less than SETTLED_S before it was listed: listed again though its mtime stands
+    link_within_the_same_timestamp(f"web_shop_init-{'c' * 64}.log")
+    assert set(listing.identities()) == {container_id, "c" * 64}
     now[0] += 10
     settled = listing.identities()
-    assert listing.identities() is settled  # the same directory: not listed again
+    assert listing.identities() is settled  # settled and the same directory: not listed again
+    link_within_the_same_timestamp(f"web_shop_late-{'d' * 64}.log")
+    assert listing.identities() is settled
     (logs / f"web_shop_sidecar-{'b' * 64}.log").symlink_to("/nowhere")
-    assert set(listing.identities()) == {container_id, "b" * 64}
+    assert set(listing.identities()) == {container_id, "b" * 64, "c" * 64, "d" * 64}
 
 
 def writable_cgroup2() -> Path | None:

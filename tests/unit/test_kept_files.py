@@ -20,7 +20,15 @@ def test_a_kept_file_reads_what_it_holds_now(tmp_path: Path) -> None:
     assert files.read(str(tmp_path), "cpu.stat") == b"usage_usec 1\n" and len(files) == 1
     path.write_text("usage_usec 22\n")  # in place, as the kernel's files change
     assert files.read_optional(str(tmp_path), "cpu.stat") == b"usage_usec 22\n"
-    assert files.read_kept(str(tmp_path), "cpu.stat") == b"usage_usec 22\n"
+    (tmp_path / "memory.numa_stat").write_text("anon N0=4096\n")
+    assert files.read_kept(str(tmp_path), "cpu.stat", "memory.numa_stat") is None  # one not kept yet
+    assert files.read(str(tmp_path), "memory.numa_stat") == b"anon N0=4096\n"
+    assert files.read_kept(str(tmp_path), "cpu.stat", "memory.numa_stat") == (
+        b"usage_usec 22\n",
+        b"anon N0=4096\n",
+    )
+    files.forget_under(str(tmp_path))
+    assert files.read(str(tmp_path), "cpu.stat") == b"usage_usec 22\n"
     with open(path, "r+b") as file:
         file.truncate(2 << 20)  # grown past the cap: refused whole, not read on
     with pytest.raises(SourceCorrupt) as refused:
@@ -47,7 +55,7 @@ def test_a_replaced_file_is_read_once_its_directory_is_forgotten(tmp_path: Path)
     path.unlink()
     files.forget_under(str(tmp_path))
     assert files.read_optional(str(tmp_path), path.name) is None
-    assert files.read_kept(str(tmp_path), path.name) is None
+    assert files.read_kept(str(tmp_path), path.name, path.name) is None
     with pytest.raises(SourceMissing):
         files.read(str(tmp_path), path.name)
     watch.close()

@@ -25,7 +25,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +168,7 @@ class CgroupCollector:
         self._watch = DirectoryWatch(written_prefixes=_CPUSET_WRITES)
         self._walk_dirs: set[str] = set()
         self._container_dirs: set[str] = set()
+        self._unwatched: set[str] = set()  # containers' directories not watched: cpusets read every round
         self._cpusets_read_at = -CPUSETS_MAX_AGE_S  # when every container's cpusets were last read
         self._list_again = True  # a directory of the tree first watched, or not watched: list it next round
         self._rounds = CgroupRounds(max_containers)
@@ -279,6 +280,7 @@ class CgroupCollector:
         )
         self._walk_dirs = walk_dirs
         self._container_dirs = container_dirs - missed
+        self._unwatched = {cgroup.path for cgroup in cgroups if cgroup.path not in self._container_dirs}
         self._rounds.keep_only(cgroups, self._container_dirs)
 
     def close(self) -> None:
@@ -286,8 +288,8 @@ class CgroupCollector:
         self._watch.close()
         self._rounds.close()
 
-    def _cpusets_to_read(self, changed: set[str] | None, written: set[str]) -> Callable[[str], bool] | None:
-        """Which containers' cpusets this round reads, by their directory; ``None``: every container's
+    def _cpusets_to_read(self, changed: set[str] | None, written: set[str]) -> Container[str] | None:
+        """The directories of the containers whose cpusets this round reads; ``None``: every container's
         (no inotify, the queue overflowed, a cpuset above the containers was written, or it is time)."""
         now = self._clock()
         if (
@@ -299,14 +301,13 @@ class CgroupCollector:
             self._cpusets_read_at = now
             return None
         # a file replaced (a disk or tmpfs tree) is read again too, as is a directory not watched
-        dirty, watched = written | changed, self._container_dirs
-        return lambda directory: directory in dirty or directory not in watched
+        return written | changed | self._unwatched
 
     def _read_all(
         self,
         layout: CgroupLayout,
         cgroups: tuple[ContainerCgroup, ...],
-        cpusets_of: Callable[[str], bool] | None,
+        cpusets_of: Container[str] | None,
         failures: list[SourceError],
         failed: Callable[[ContainerCgroup, SourceError], None],
     ) -> list[ContainerNumaUsage]:

@@ -51,9 +51,11 @@ if _SETTING:
     files.KeptFiles.read_optional = _slow_kept_read_optional  # type: ignore[method-assign]
     _kept_read_kept = files.KeptFiles.read_kept
 
-    def _slow_read_kept(self: files.KeptFiles, directory: str, name: str) -> bytes | None:
-        if f"{directory}/{name}" == _slow_path and os.path.exists(_marker):
+    def _slow_read_kept(
+        self: files.KeptFiles, directory: str, first: str, second: str
+    ) -> tuple[bytes, bytes] | None:
+        if _slow_path in (f"{directory}/{first}", f"{directory}/{second}") and os.path.exists(_marker):
             time.sleep(_delay_s)
-        return _kept_read_kept(self, directory, name)
+        return _kept_read_kept(self, directory, first, second)
 
     files.KeptFiles.read_kept = _slow_read_kept  # type: ignore[method-assign]
