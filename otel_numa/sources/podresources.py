@@ -132,6 +132,7 @@ class PodResourcesClient:
         # from it: between pod admissions the kubelet answers the same, and a digest of the bytes costs a
         # hundredth of parsing and building them again
         self._last: dict[str, tuple[bytes, MachineLimits, Any]] = {}
+        self._calls: dict[Any, dict[str, Any]] = {}  # the channel's callable of each method, made once
 
     def list_pods(self, limits: MachineLimits | None = None) -> tuple[PodResources, ...]:
         """The pods the kubelet runs now, with the resources it assigned to each container; the same tuple
@@ -159,6 +160,7 @@ class PodResourcesClient:
     def close(self) -> None:
         with self._lock:
             self._channel.close()
+            self._calls = {}
 
     def __enter__(self) -> Self:
         return self
@@ -205,9 +207,15 @@ class PodResourcesClient:
     def _call(self, method: str, request: Message) -> bytes:
         """The answer's bytes (parsed by the caller, only when they changed)."""
         with self._lock:
-            call = self._channel.get().unary_unary(
-                SERVICE + method, request_serializer=type(request).SerializeToString
-            )
+            channel = self._channel.get()
+            calls = self._calls.get(channel)
+            if calls is None:  # a new channel: the callables made for the last one are dropped
+                self._calls = {channel: (calls := {})}
+            call = calls.get(method)
+            if call is None:
+                call = calls[method] = channel.unary_unary(
+                    SERVICE + method, request_serializer=type(request).SerializeToString
+                )
             try:
                 data: bytes = call(request, timeout=self._timeout_s)
                 return data
@@ -215,4 +223,5 @@ class PodResourcesClient:
                 failure = rpc_failure(exc, f"{self._channel.socket_path} {method}")
                 if failure.error_type == "unavailable":
                     self._channel.close()  # the next call connects afresh instead of backing off
+                    self._calls = {}
                 raise failure from exc
