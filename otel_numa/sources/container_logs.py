@@ -20,6 +20,15 @@ from otel_numa.sources.errors import SourceMissing, SourceUnavailable
 _LOG_NAME = re.compile(r"([^_]+)_([^_]+)_([^_]+)-([0-9a-f]{64})\.log")
 
 
+_SUFFIX = len(".log")
+_ID_AND_SUFFIX = 64 + _SUFFIX
+
+
+def log_name(identity: ContainerIdentity) -> str:
+    """The name of the log link of the container with this identity."""
+    return f"{identity.pod_name}_{identity.namespace}_{identity.container_name}-{identity.container_id}.log"
+
+
 def parse_container_log_name(name: str) -> ContainerIdentity | None:
     """The identity a log symlink's name carries, or ``None`` for any other file name."""
     match = _LOG_NAME.fullmatch(name)
@@ -61,8 +70,9 @@ class ContainerLogListing:
     """:func:`read_container_identities`, listed again only when the directory may have changed: its
     device, inode or mtime is not what it was, or it had changed less than :data:`SETTLED_S` before the
     last listing. While unchanged, the same dict object is handed back (its caller must not change it); a
-    listing again finds the names it found before parsed already, and hands back the last dict when it
-    found the same containers (a pod change lists ~1,000 names on a crowded node, ~5 µs each to parse)."""
+    listing again takes the identity of a link it found before from the last listing (a link's name is
+    its identity written out) instead of parsing its name, and hands back the last dict when it found the
+    same containers (a pod change lists ~1,000 names on a crowded node, ~5 µs each to parse)."""
 
     def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
         self._root = root
@@ -70,19 +80,15 @@ class ContainerLogListing:
         self._stamp: tuple[int, int, int] | None = None
         self._identities: dict[str, ContainerIdentity] | None = None
         self._last: dict[str, ContainerIdentity] = {}  # the last listing's result, trusted or not
-        self._parsed: dict[str, ContainerIdentity | None] = {}  # the last listing's names, parsed
-        self._parsing: dict[str, ContainerIdentity | None] = {}
 
     def _parse(self, name: str) -> ContainerIdentity | None:
-        parsed = self._parsed
-        identity = parsed[name] if name in parsed else parse_container_log_name(name)
-        self._parsing[name] = identity
-        return identity
+        known = self._last.get(name[-_ID_AND_SUFFIX:-_SUFFIX])
+        if known is not None and name == log_name(known):
+            return known
+        return parse_container_log_name(name)
 
     def _list(self) -> dict[str, ContainerIdentity]:
-        self._parsing = {}
         identities = read_container_identities(self._root, self._parse)
-        self._parsed = self._parsing  # names gone from the directory are forgotten
         if identities == self._last:
             return self._last
         self._last = identities
