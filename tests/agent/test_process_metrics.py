@@ -107,3 +107,41 @@ def test_health_group_off_reads_no_process(monkeypatch: pytest.MonkeyPatch) -> N
     text, reads = _exposition(monkeypatch, MetricGroup.HEALTH)
     assert reads == 0
     assert not any(name in text for name in PROCESS_SERIES)
+
+
+def kernel_counts_descriptors_by_size() -> bool:
+    return os.stat("/proc/self/fd").st_size > 0  # Linux 6.2 and later
+
+
+@pytest.mark.parametrize("by_size", [True, False], ids=["fd-directory-size", "fd-listing"])
+def test_open_descriptors_follow_those_opened_and_closed(
+    by_size: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted by the size of /proc/self/fd where the kernel gives it, else by listing it: either way the
+    count is the kernel's listing (less the listing's own descriptor) and moves with every descriptor."""
+    from otel_numa.sources import process as own
+
+    if by_size and not kernel_counts_descriptors_by_size():
+        pytest.skip("this kernel gives no size for /proc/self/fd (before Linux 6.2)")
+    if not by_size:
+        monkeypatch.setattr(own, "descriptors_by_size", lambda: 0)  # as a kernel before 6.2 answers
+    reader = OwnProcess()
+    assert reader._count_by_size is by_size
+    before = reader.read().open_file_descriptors
+    assert before == len(os.listdir("/proc/self/fd")) - 1
+    opened = [os.open(tmp_path, os.O_RDONLY) for _ in range(200)]
+    try:
+        assert reader.read().open_file_descriptors == before + 200
+    finally:
+        for fd in opened:
+            os.close(fd)
+    assert reader.read().open_file_descriptors == before
+
+
+def test_a_size_that_disagrees_with_the_listing_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_numa.sources import process as own
+
+    monkeypatch.setattr(own, "descriptors_by_size", lambda: 4096)  # a directory size that is no count
+    reader = OwnProcess()
+    assert not reader._count_by_size
+    assert reader.read().open_file_descriptors == len(os.listdir("/proc/self/fd")) - 1
