@@ -294,8 +294,8 @@ class Receipts:
     """OTLP pushes rotel has received. At basic verbosity rotel logs one ``Received metrics`` line per
     request, with its points; a push of more than :data:`OTLP_BATCH_POINTS` points goes as several
     requests, every one full but the last (the 8x48 node's 14,452 points as 10,000 and 4,452): a request
-    of exactly that many points is a push that goes on. Counting requests instead had a cycle scrape and
-    write the next inputs while the rest of its push was still being sent."""
+    of exactly that many points is a push that goes on, so that a cycle never scrapes or writes the next
+    inputs while the rest of its push is still being sent."""
 
     def __init__(self, rotel: Rotel) -> None:
         self._path = rotel.log_path

@@ -132,7 +132,9 @@ class PodResourcesClient:
         # from it: between pod admissions the kubelet answers the same, and a digest of the bytes costs a
         # hundredth of parsing and building them again
         self._last: dict[str, tuple[bytes, MachineLimits, Any]] = {}
-        self._calls: dict[Any, dict[str, Any]] = {}  # the channel's callable of each method, made once
+        # each method's callable, made once on the channel it was made on (a new channel: made again)
+        self._calls_on: Any = None
+        self._calls: dict[str, Any] = {}
 
     def list_pods(self, limits: MachineLimits | None = None) -> tuple[PodResources, ...]:
         """The pods the kubelet runs now, with the resources it assigned to each container; the same tuple
@@ -160,7 +162,7 @@ class PodResourcesClient:
     def close(self) -> None:
         with self._lock:
             self._channel.close()
-            self._calls = {}
+            self._calls_on, self._calls = None, {}
 
     def __enter__(self) -> Self:
         return self
@@ -208,12 +210,11 @@ class PodResourcesClient:
         """The answer's bytes (parsed by the caller, only when they changed)."""
         with self._lock:
             channel = self._channel.get()
-            calls = self._calls.get(channel)
-            if calls is None:  # a new channel: the callables made for the last one are dropped
-                self._calls = {channel: (calls := {})}
-            call = calls.get(method)
+            if channel is not self._calls_on:
+                self._calls_on, self._calls = channel, {}
+            call = self._calls.get(method)
             if call is None:
-                call = calls[method] = channel.unary_unary(
+                call = self._calls[method] = channel.unary_unary(
                     SERVICE + method, request_serializer=type(request).SerializeToString
                 )
             try:
@@ -223,5 +224,5 @@ class PodResourcesClient:
                 failure = rpc_failure(exc, f"{self._channel.socket_path} {method}")
                 if failure.error_type == "unavailable":
                     self._channel.close()  # the next call connects afresh instead of backing off
-                    self._calls = {}
+                    self._calls_on, self._calls = None, {}
                 raise failure from exc
