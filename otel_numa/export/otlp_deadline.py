@@ -39,11 +39,16 @@ TIMEOUT = "timeout"  # the agent stopped the push at its deadline (or an earlier
 FAILED = "failed"  # the exporter gave up: refused, unreachable, an error answer, no answer in its time
 ERROR_TYPES = (TIMEOUT, FAILED)
 EXPORTER_SHARE = 0.9  # of the push's deadline, the exporter's own timeout
+# what is left of the deadline at least, after the exporter's own timeout, for it to report its failure
+# and return: on a busy node its thread may wait that long for the CPU, and the agent would then stop a
+# push the exporter had seen fail (a tenth of a 1 s deadline was too little on two loaded cores)
+REPORT_MARGIN_S = 0.25
 
 
 def exporter_timeout_s(deadline_s: float) -> float:
-    """The timeout to give the exporter of pushes that end by ``deadline_s``."""
-    return deadline_s * EXPORTER_SHARE
+    """The timeout to give the exporter of pushes that end by ``deadline_s``: nine tenths of it, less where
+    that leaves under :data:`REPORT_MARGIN_S`, half of it at the least."""
+    return max(deadline_s / 2, min(deadline_s * EXPORTER_SHARE, deadline_s - REPORT_MARGIN_S))
 
 
 def _nothing(_thread_id: int) -> None:
