@@ -231,6 +231,17 @@ def recorded(prometheus: Prometheus, expression: str) -> dict[str, float]:
     return {dict(labels)["k8s_node_name"]: value for labels, value in prometheus.series(expression).items()}
 
 
+def wait_for_a_scrape_after_the_first_push(prometheus: Prometheus, agents: list[Pushing]) -> None:
+    """On a loaded machine an agent's first push may end after the scrapes so far: wait for one that
+    saw it."""
+    names = {agent.name for agent in agents}
+    wait_for(
+        lambda: names <= set(recorded(prometheus, "numa_agent_export_duration_seconds")),
+        20,
+        "a scrape of every agent after its first push",
+    )
+
+
 def check_pushes_bounded_and_data_fresh(prometheus: Prometheus, agents: list[Pushing]) -> None:
     """What Prometheus recorded of every agent while its pushes hung: each push ended by the deadline and
     was counted as failed, the cgroup data kept fresh, every scrape answered quickly."""
@@ -322,13 +333,7 @@ def test_hanging_and_trickling_collectors_cost_each_push_its_deadline_only(
         ]
         prometheus = stack.enter_context(run_prometheus(tmp_path, [agent.target for agent in agents]))
         time.sleep(HOSTILE_S)
-        # on a loaded machine an agent's first push may end after the scrapes so far: wait for one that saw it
-        names = {agent.name for agent in agents}
-        wait_for(
-            lambda: names <= set(recorded(prometheus, "numa_agent_export_duration_seconds")),
-            20,
-            "a scrape of every agent after its first push",
-        )
+        wait_for_a_scrape_after_the_first_push(prometheus, agents)
         check_pushes_bounded_and_data_fresh(prometheus, agents)
         # the collectors saw the agent hang up each push by its deadline, and try again
         for behaviour, peer in http_peers.items():
@@ -446,6 +451,7 @@ def test_a_resolver_that_never_answers_costs_each_push_its_deadline_only(
         prometheus = stack.enter_context(run_prometheus(tmp_path, [agent.target for agent in agents]))
         time.sleep(HOSTILE_S)
         assert queries, "the agents never asked the resolver"
+        wait_for_a_scrape_after_the_first_push(prometheus, agents)
         check_pushes_bounded_and_data_fresh(prometheus, agents)
         for agent in agents:
             check_logged_once_and_stopped(agent)
