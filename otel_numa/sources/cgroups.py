@@ -110,6 +110,11 @@ def _kubepods_roots(hierarchy: str, listed: list[str] | None = None) -> list[str
     return [inner.path for entry in top for inner in _child_dirs(entry.path) if _is_kubepods_name(inner.name)]
 
 
+def kubepods_cgroups(cgroup_root: Path, layout: CgroupLayout) -> tuple[str, ...]:
+    """The kubepods cgroups every container cgroup is found under (in the memory hierarchy for v1)."""
+    return tuple(_kubepods_roots(_hierarchy(cgroup_root, layout)))
+
+
 def _hierarchy(cgroup_root: Path, layout: CgroupLayout) -> str:
     """Where the kubepods tree lives: the root itself (v2) or the memory controller's mount (v1)."""
     return str(cgroup_root) if layout == "v2" else os.path.join(cgroup_root, "memory")

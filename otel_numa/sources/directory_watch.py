@@ -13,7 +13,10 @@ inotify watch limit) is reported by :meth:`DirectoryWatch.watch`, and its owner 
 
 A watch made with ``written_prefixes`` also tells which directories had a file of those names written
 (:meth:`DirectoryWatch.written`): ``write(2)`` reports to inotify on cgroupfs too, so the container runtime
-writing a cgroup's ``cpuset.cpus`` is seen, while the counters the kernel updates itself are not.
+writing a cgroup's ``cpuset.cpus`` is seen, while the counters the kernel updates itself are not. One made
+with ``noticed_prefixes`` tells whether any file of those names was written at all
+(:meth:`DirectoryWatch.noticed`): a counter file written is a tree on a disk or tmpfs (a test's), never the
+kernel's own.
 """
 
 from __future__ import annotations
@@ -50,10 +53,14 @@ _ENTRIES = (
 class DirectoryWatch:
     """Non-blocking inotify watches on a set of directories; one thread uses it."""
 
-    def __init__(self, written_prefixes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, written_prefixes: tuple[str, ...] = (), noticed_prefixes: tuple[str, ...] = ()
+    ) -> None:
         self._written_prefixes_bytes = tuple(prefix.encode() for prefix in written_prefixes)
-        self._mask = _ENTRIES | flags.MODIFY if written_prefixes else _ENTRIES
+        self._noticed_prefixes_bytes = tuple(prefix.encode() for prefix in noticed_prefixes)
+        self._mask = _ENTRIES | flags.MODIFY if written_prefixes or noticed_prefixes else _ENTRIES
         self._written: set[str] = set()
+        self._noticed = False
         self._inotify: INotify | None = None
         self._paths: dict[int, str] = {}  # watch descriptor -> directory
         self._watches: dict[str, int] = {}
@@ -114,6 +121,7 @@ class DirectoryWatch:
             return None
         found: set[str] = set()
         paths, prefixes, written = self._paths, self._written_prefixes_bytes, self._written
+        noticed_prefixes = self._noticed_prefixes_bytes
         fd = inotify.fileno()
         while True:
             try:
@@ -132,6 +140,8 @@ class DirectoryWatch:
                         path = paths.get(descriptor)
                         if path is not None:
                             written.add(path)
+                    elif noticed_prefixes and data.startswith(noticed_prefixes, name_at):
+                        self._noticed = True
                     continue
                 if mask & _OVERFLOW:
                     self._overflowed = True
@@ -152,6 +162,12 @@ class DirectoryWatch:
         the last call (read by :meth:`changed`, which comes first)."""
         written, self._written = self._written, set()
         return written
+
+    def noticed(self) -> bool:
+        """Whether a file named with one of ``noticed_prefixes`` was written in a watched directory since
+        the last call (read by :meth:`changed`, which comes first)."""
+        noticed, self._noticed = self._noticed, False
+        return noticed
 
     def close(self) -> None:
         self._closed = True

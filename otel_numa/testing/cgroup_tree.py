@@ -113,6 +113,14 @@ def render_numa_stat_v1(
     return block("", memory_bytes) + block("hierarchical_", hierarchical_bytes or memory_bytes)
 
 
+def render_cpu_stat_v2(usage_usec: int) -> str:
+    """v2 ``cpu.stat``: the CPU time, half user and half system, and no throttling."""
+    return (
+        f"usage_usec {usage_usec}\nuser_usec {usage_usec // 2}\nsystem_usec {usage_usec - usage_usec // 2}\n"
+        "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
+    )
+
+
 # --- paths ----------------------------------------------------------------------------------------
 
 
@@ -169,8 +177,11 @@ def write_cgroup_tree(
     nodes: Sequence[int] = (0, 1),
     cpuacct_dir: str = "cpuacct",
     page_size: int = PAGE_SIZE,
+    kubepods_sums: bool = True,
 ) -> None:
-    """Write the kubepods tree of ``pods`` under ``root`` (which plays ``/sys/fs/cgroup``)."""
+    """Write the kubepods tree of ``pods`` under ``root`` (which plays ``/sys/fs/cgroup``); v2 with the
+    kubepods cgroup's own counters, the sums of ``pods``' (``kubepods_sums``: :func:`write_kubepods_sums`)."""
+    pods = tuple(pods)
     kubepods = "kubepods.slice" if driver == "systemd" else "kubepods"
     if layout == "v2":
         _write(root, {"cgroup.controllers": "cpuset cpu io memory hugetlb pids\n"}, ())
@@ -184,6 +195,25 @@ def write_cgroup_tree(
         _write(hierarchy / pod_relative_dir(driver, pod), {"memory.numa_stat": ""}, filler)
         for container in pod.containers:
             _write_container(root, layout, driver, pod, container, runtime, nodes, cpuacct_dir, page_size)
+    if layout == "v2" and kubepods_sums:
+        write_kubepods_sums(root, driver, pods, nodes)
+
+
+def write_kubepods_sums(root: Path, driver: Driver, pods: Iterable[FakePod], nodes: Sequence[int]) -> None:
+    """The v2 kubepods cgroup's own ``memory.numa_stat`` and ``cpu.stat``, written in place: what the
+    kernel sums there over every container below it."""
+    memory: dict[str, dict[int, int]] = {}
+    usage_usec = 0
+    for pod in pods:
+        for container in pod.containers:
+            usage_usec += container.cpu_usage_usec
+            for kind, by_node in container.memory_bytes.items():
+                into = memory.setdefault(kind, {})
+                for node, amount in by_node.items():
+                    into[node] = into.get(node, 0) + amount
+    kubepods = root / ("kubepods.slice" if driver == "systemd" else "kubepods")
+    (kubepods / "memory.numa_stat").write_text(render_numa_stat_v2(memory, nodes))
+    (kubepods / "cpu.stat").write_text(render_cpu_stat_v2(usage_usec))
 
 
 def _write_container(
@@ -207,11 +237,7 @@ def _write_container(
             "memory.numa_stat": render_numa_stat_v2(container.memory_bytes, nodes),
             "cpuset.cpus.effective": container.cpus + "\n",
             "cpuset.mems.effective": container.mems + "\n",
-            "cpu.stat": (
-                f"usage_usec {container.cpu_usage_usec}\nuser_usec {container.cpu_usage_usec // 2}\n"
-                f"system_usec {container.cpu_usage_usec - container.cpu_usage_usec // 2}\n"
-                "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
-            ),
+            "cpu.stat": render_cpu_stat_v2(container.cpu_usage_usec),
         }
         _write(where("memory"), files, _V2_OTHER_FILES)
         return

@@ -54,8 +54,10 @@ from otel_numa.testing.cgroup_tree import (
     fake_container_id,
     make_pods,
     pod_relative_dir,
+    render_cpu_stat_v2,
     render_numa_stat_v2,
     write_cgroup_tree,
+    write_kubepods_sums,
 )
 from otel_numa.testing.checkpoints import (
     cpu_manager_state_bytes,
@@ -527,8 +529,10 @@ class LargeNode:
             self._container_log_link(pod_index, index, container).unlink()
         self.pods = (*self.pods[:pod_index], new, *self.pods[pod_index + 1 :])
         self._renamed[pod_index] = f"pod-{pod_index:04d}-{serial}"
-        written = self.cgroup_pods(generation)[pod_index]
-        write_cgroup_tree(self.cgroup_root, "v2", "systemd", [written], nodes=range(self.spec.numa_nodes))
+        pods, nodes = self.cgroup_pods(generation), range(self.spec.numa_nodes)
+        written = [pods[pod_index]]
+        write_cgroup_tree(self.cgroup_root, "v2", "systemd", written, nodes=nodes, kubepods_sums=False)
+        write_kubepods_sums(self.cgroup_root, "systemd", pods, nodes)
         self._write_pod_directory(pod_index)
         return new
 
@@ -556,13 +560,15 @@ class LargeNode:
         """Rewrite every container's ``memory.numa_stat`` and ``cpu.stat`` with ``generation``'s values
         (in place, as the kernel's files change; cpusets and the rest of the tree stay)."""
         nodes = list(range(self.spec.numa_nodes))
-        for pod in self.cgroup_pods(generation):
+        pods = self.cgroup_pods(generation)
+        for pod in pods:
             for container in pod.containers:
                 directory = container_dir(self.cgroup_root, "v2", "systemd", pod, container.container_id)
                 (directory / "memory.numa_stat").write_text(
                     render_numa_stat_v2(container.memory_bytes, nodes)
                 )
-                (directory / "cpu.stat").write_text(_cpu_stat_v2(container))
+                (directory / "cpu.stat").write_text(render_cpu_stat_v2(container.cpu_usage_usec))
+        write_kubepods_sums(self.cgroup_root, "systemd", pods, nodes)
 
 
 def _pr_topology(numa: int) -> dict[str, Any]:
@@ -594,14 +600,6 @@ def _spread_memory(
         growth = generation if kind in _GROWING_TYPES else 0
         spread[kind] = {node: (share + growth) * PAGE_SIZE for node, share in zip(nodes, shares, strict=True)}
     return spread
-
-
-def _cpu_stat_v2(container: FakeContainer) -> str:
-    usage = container.cpu_usage_usec
-    return (
-        f"usage_usec {usage}\nuser_usec {usage // 2}\nsystem_usec {usage - usage // 2}\n"
-        "nr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
-    )
 
 
 def _table(total: int, system_reserved: int, reserved: int) -> MemoryTable:

@@ -20,6 +20,7 @@ from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.sources import cgroups
 from otel_numa.sources.container_logs import ContainerLogListing
 from otel_numa.sources.directory_watch import DirectoryWatch
+from otel_numa.testing.cgroup_tree import render_cpu_stat_v2, render_numa_stat_v2, write_kubepods_sums
 from otel_numa.testing.checkpoints import write_atomically
 from otel_numa.testing.large_node import LargeNode, LargeNodeSpec, write_large_node
 
@@ -38,8 +39,10 @@ SPEC = LargeNodeSpec(
 class NoInotify(DirectoryWatch):
     """A watch that cannot be set up (no inotify, or every instance taken)."""
 
-    def __init__(self, written_prefixes: tuple[str, ...] = ()) -> None:
-        super().__init__(written_prefixes)
+    def __init__(
+        self, written_prefixes: tuple[str, ...] = (), noticed_prefixes: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(written_prefixes, noticed_prefixes)
         self.close()
 
 
@@ -138,12 +141,8 @@ def first_container(node: LargeNode) -> tuple[str, Path]:
     return found.container_id, Path(found.path)
 
 
-def test_a_round_that_changes_nothing_reads_no_cpuset(
-    node: LargeNode, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    walk = collector(node)
-    view_of(walk)
-    view_of(walk)
+def counted_reads(walk: CgroupCollector, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The containers' files the walk reads from now on."""
     read: list[str] = []
     files = walk._rounds.files
     for name in ("read_kept", "read_optional", "read"):
@@ -154,9 +153,53 @@ def test_a_round_that_changes_nothing_reads_no_cpuset(
             return method(directory, *names_and_limit, **kwargs)
 
         monkeypatch.setattr(files, name, counting)
+    return read
+
+
+def test_a_round_in_which_only_counters_changed_reads_no_cpuset(
+    node: LargeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walk = collector(node)
+    view_of(walk)
+    view_of(walk)
+    read = counted_reads(walk, monkeypatch)
+    node.write_cgroup_usage(1)  # the containers' counters, and the kubepods cgroup's sums of them
     view_of(walk)
     assert read and all(path.endswith(("/memory.numa_stat", "/cpu.stat")) for path in read)
     assert len(read) == 2 * len(walk._rounds.files) // 4
+
+
+def test_while_the_kubepods_sums_stand_no_container_file_is_read(
+    node: LargeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cgroup v2 sums every container's counters in the kubepods cgroup's own: while those keep their
+    bytes (and nothing in the tree is made, removed or written), the round reads no container's file and
+    hands back the last usages; when they move, every container is read again."""
+    walk = collector(node)
+    view_of(walk)
+    first = view_of(walk)
+    read = counted_reads(walk, monkeypatch)
+    assert view_of(walk).usages is first.usages and not read
+    # the kernel's counters report no write: here only the sums above tell that a container's moved
+    monkeypatch.setattr(walk._watch, "noticed", lambda: False)
+    pods = node.cgroup_pods(1)
+    container = pods[0].containers[0]
+    found = cgroups.find_container_cgroups(node.cgroup_root)
+    directory = Path(next(c.path for c in found if c.container_id == container.container_id))
+    (directory / "memory.numa_stat").write_text(render_numa_stat_v2(container.memory_bytes, [0, 1]))
+    assert view_of(walk).usages is first.usages and not read  # the sums stand: not looked at
+    write_kubepods_sums(node.cgroup_root, "systemd", pods, [0, 1])
+    moved = view_of(walk)
+    assert anon(moved, container.container_id) == dict(container.memory_bytes["anon"])
+    assert len(read) == 2 * len(first.usages)
+    # a counter written (a tree on a disk): every container read again, whatever the sums say
+    monkeypatch.undo()
+    view_of(walk)  # the writes above, seen now
+    read = counted_reads(walk, monkeypatch)
+    view_of(walk)
+    assert not read
+    (directory / "cpu.stat").write_text(render_cpu_stat_v2(container.cpu_usage_usec + 1))
+    assert view_of(walk).usages is not moved.usages and len(read) == 2 * len(first.usages)
 
 
 def test_a_cpuset_written_is_read_the_round_after(node: LargeNode, watched: str) -> None:
@@ -308,9 +351,13 @@ def writable_cgroup2() -> Path | None:
     return None
 
 
-def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(tmp_path: Path) -> None:
+def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Real kernfs: a cgroup directory keeps its mtime when a child is made or removed, yet the walk sees
-    the container come and go; a kept ``cpu.stat`` read again shows the CPU time a process spent since."""
+    the container come and go; a kept ``cpu.stat`` read again shows the CPU time a process spent since,
+    which the kubepods cgroup's own ``cpu.stat`` sums: while nothing runs below it, no container's file
+    is read."""
     mount = writable_cgroup2()
     if mount is None:
         pytest.skip("needs a writable cgroup v2 mount (root)")
@@ -341,6 +388,17 @@ def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(t
         writes.close()
         (usage,) = view_of(walk).usages
         assert before is not None and usage.cpu_time_s is not None and usage.cpu_time_s >= before + 0.15
+        read = counted_reads(walk, monkeypatch)
+        idle = view_of(walk)
+        assert view_of(walk).usages is idle.usages and not read
+        process = subprocess.Popen(
+            [sys.executable, "-c", busy],
+            preexec_fn=lambda: (second / "cgroup.procs").write_text(str(os.getpid())),
+        )
+        assert process.wait(timeout=30) == 0
+        (usage,) = view_of(walk).usages
+        assert usage.cpu_time_s is not None and usage.cpu_time_s >= before + 0.3
+        assert read and all(path.startswith(f"{second}/") for path in read)  # the sums moved: read again
     finally:
         walk.close()
         for directory in (first, second, pod, pod.parent, pod.parent.parent, root):

@@ -6,7 +6,10 @@ kept when the cgroup tree cannot be listed. A round lists the tree again only wh
 entries made or removed since the last listing (inotify: :mod:`otel_numa.sources.directory_watch`; without
 it, every round), and reads every container's counters, kept open between rounds, parsing a container's
 again only when they changed (:mod:`otel_numa.sources.cgroup_rounds`); a round in which nothing changed
-hands back the very objects of the last one. A container's cpuset files (v2) are read again only when a
+hands back the very objects of the last one. On cgroup v2 a round first reads the kubepods cgroups' own
+``cpu.stat`` and ``memory.numa_stat``, which the kernel sums over every container below them: while those
+keep their bytes and nothing was made, removed or written in the tree, no container's files are read at
+all (:mod:`otel_numa.sources.subtree_counters`). A container's cpuset files (v2) are read again only when a
 cpuset of its cgroup or of a cgroup above it was written (inotify reports ``write(2)`` on cgroupfs: the
 runtime pinning a container), when the machine's CPUs changed, and at least every
 :data:`CPUSETS_MAX_AGE_S`: the kernel also changes effective cpusets without a write (CPU hotplug, a
@@ -25,7 +28,7 @@ import logging
 import operator
 import threading
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,11 +62,13 @@ from otel_numa.sources.cgroups import (
     container_directories,
     detect_cgroup_layout,
     find_container_cgroups,
+    kubepods_cgroups,
 )
 from otel_numa.sources.container_logs import ContainerLogListing
 from otel_numa.sources.directory_watch import DirectoryWatch
 from otel_numa.sources.errors import SourceCorrupt, SourceError, SourceMissing
 from otel_numa.sources.files import MAX_CPU_ID
+from otel_numa.sources.subtree_counters import SUMMED_FILES, SubtreeCounters
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +170,18 @@ class CgroupCollector:
         self._view: CgroupView | None = None
         # the tree as last listed, the directories watched for entries made or removed, and the files
         self._walked: tuple[CgroupLayout, tuple[ContainerCgroup, ...]] | None = None
-        self._watch = DirectoryWatch(written_prefixes=_CPUSET_WRITES)
+        # a counter file written is a tree on a disk (a test's): its sums above need not follow
+        self._watch = DirectoryWatch(written_prefixes=_CPUSET_WRITES, noticed_prefixes=SUMMED_FILES)
         self._walk_dirs: set[str] = set()
         self._container_dirs: set[str] = set()
         self._unwatched: set[str] = set()  # containers' directories not watched: cpusets read every round
         self._cpusets_read_at = -CPUSETS_MAX_AGE_S  # when every container's cpusets were last read
         self._list_again = True  # a directory of the tree first watched, or not watched: list it next round
         self._rounds = CgroupRounds(max_containers)
+        # the kubepods cgroups' sums, and what the last round that read every container read them with
+        self._kubepods: tuple[str, ...] = ()
+        self._sums = SubtreeCounters()
+        self._quiet: tuple[object, ...] | None = None
         # the join, remembered with its inputs; CPU time splits advance once per round's readings
         self._join_lock = threading.Lock()
         self._joined: LastResult[Joined] = LastResult()
@@ -194,6 +204,7 @@ class CgroupCollector:
     def _refresh(self) -> None:
         changed = self._watch.changed()
         written = self._watch.written()
+        counters_written = self._watch.noticed()
         walked = self._walked
         if walked is None or changed is None or self._list_again or not changed.isdisjoint(self._walk_dirs):
             try:
@@ -201,6 +212,7 @@ class CgroupCollector:
                 layout = detect_cgroup_layout(self._root)
                 found = find_container_cgroups(self._root, listed)
                 walked = (layout, _held_where_equal(found, walked[1] if walked is not None else ()))
+                self._kubepods = kubepods_cgroups(self._root, layout)
             except SourceMissing as error:
                 self._view = self._walked = None
                 self._tracker.failed(error)
@@ -211,12 +223,10 @@ class CgroupCollector:
                 return
             self._watch_tree(*walked, listed)
             self._walked = walked
-        if changed is None:
-            self._rounds.changed(self._watch.watched)  # a file anywhere may have been replaced
-        else:
-            self._rounds.changed(changed)
+        replaced = self._watch.watched if changed is None else changed  # where a file may have been replaced
+        self._rounds.changed(replaced)
+        self._sums.changed(replaced)
         layout, cgroups = walked
-        usages: list[ContainerNumaUsage] = []
         failures: list[SourceError] = []
         # past the limit the rest are left out and counted once a round (container_limit.py)
         if len(cgroups) > self._max_containers:
@@ -236,23 +246,18 @@ class CgroupCollector:
             message = str(error) if str(error).startswith(cgroup.path) else f"{cgroup.path}: {error}"
             failures.append(type(error)(message, error_type=error.error_type))
 
+        usages: Sequence[ContainerNumaUsage]
         if self._reader is None:
             cpusets_of = self._cpusets_to_read(changed, written)
-            usages = self._read_all(layout, cgroups, cpusets_of, failures, failed)
+            # nothing made, removed or written in the tree: only the counters the kernel keeps may differ
+            quiet = changed == set() and cpusets_of == set() and not counters_written
+            usages = self._read_all(layout, cgroups, cpusets_of, quiet, failures, failed)
         else:
-            for cgroup in cgroups:
-                try:
-                    usage = self._reader(cgroup, layout)
-                except SourceError as error:
-                    failed(cgroup, error)
-                    continue
-                if usage is not None:  # None: the container stopped meanwhile
-                    usages.append(usage)
+            usages = self._read_each(self._reader, layout, cgroups, failed)
         last = self._view
-        same = (
-            last is not None
-            and len(last.usages) == len(usages)
-            and all(map(operator.is_, last.usages, usages))
+        same = last is not None and (
+            last.usages is usages
+            or (len(last.usages) == len(usages) and all(map(operator.is_, last.usages, usages)))
         )
         self._view = CgroupView(
             layout, last.usages if same and last is not None else tuple(usages), self._names(), self._clock()
@@ -282,13 +287,15 @@ class CgroupCollector:
         self._container_dirs = container_dirs - missed
         self._unwatched = {cgroup.path for cgroup in cgroups if cgroup.path not in self._container_dirs}
         self._rounds.keep_only(cgroups, self._container_dirs)
+        self._sums.keep_only(self._kubepods)
 
     def close(self) -> None:
         """Close the watch and the files kept open."""
         self._watch.close()
         self._rounds.close()
+        self._sums.close()
 
-    def _cpusets_to_read(self, changed: set[str] | None, written: set[str]) -> Container[str] | None:
+    def _cpusets_to_read(self, changed: set[str] | None, written: set[str]) -> set[str] | None:
         """The directories of the containers whose cpusets this round reads; ``None``: every container's
         (no inotify, the queue overflowed, a cpuset above the containers was written, or it is time)."""
         now = self._clock()
@@ -308,15 +315,25 @@ class CgroupCollector:
         layout: CgroupLayout,
         cgroups: tuple[ContainerCgroup, ...],
         cpusets_of: Container[str] | None,
+        quiet: bool,
         failures: list[SourceError],
         failed: Callable[[ContainerCgroup, SourceError], None],
-    ) -> list[ContainerNumaUsage]:
+    ) -> Sequence[ContainerNumaUsage]:
         """Every container's usage, bounded by the machine's NUMA ids and CPUs once its topology is known;
-        a cpuset that cannot be trusted costs only that container's cpusets."""
+        a cpuset that cannot be trusted costs only that container's cpusets. When the round is ``quiet``
+        (nothing in the tree made, removed or written) and the kubepods cgroups' sums are those of the last
+        round that read every container without a failure, that round's usages again, unread."""
         topology = self._topology()
         nodes = frozenset(topology.node_ids) if topology is not None and topology.nodes else None
         cpus = topology.online_cpus if topology is not None and topology.online_cpus else None
-        return self._rounds.read_all(
+        sums = self._sums.read(self._kubepods) if layout == "v2" else None  # before the containers' files
+        inputs = (layout, cgroups, nodes, cpus, sums)
+        last = self._view
+        if quiet and sums is not None and inputs == self._quiet and last is not None:
+            return last.usages
+        self._quiet = None
+        failed_before = len(failures)
+        usages = self._rounds.read_all(
             cgroups,
             layout,
             self._to_read[layout],
@@ -327,6 +344,28 @@ class CgroupCollector:
             on_error=failed,
             cpusets_of=cpusets_of,
         )
+        if len(failures) == failed_before:  # a failure is counted again every round: read again
+            self._quiet = inputs
+        return usages
+
+    @staticmethod
+    def _read_each(
+        reader: UsageReader,
+        layout: CgroupLayout,
+        cgroups: tuple[ContainerCgroup, ...],
+        failed: Callable[[ContainerCgroup, SourceError], None],
+    ) -> list[ContainerNumaUsage]:
+        """Every container's usage as ``reader`` gives it (a reader of the caller's choosing)."""
+        usages: list[ContainerNumaUsage] = []
+        for cgroup in cgroups:
+            try:
+                usage = reader(cgroup, layout)
+            except SourceError as error:
+                failed(cgroup, error)
+                continue
+            if usage is not None:  # None: the container stopped meanwhile
+                usages.append(usage)
+        return usages
 
     def containers(
         self, allocation: Allocation, machine: MachineUsage | None, live_pods: frozenset[str] | None = None
