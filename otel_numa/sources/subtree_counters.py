@@ -2,12 +2,13 @@
 
 cgroupfs tells no change of a counter file (its mtime stays, nothing reports to inotify), but cgroup v2
 counts hierarchically: a cgroup's ``cpu.stat`` and ``memory.numa_stat`` are its own figures plus all its
-descendants' (reading one has the kernel flush the whole subtree's pending updates first). CPU time only
-grows, and a page stays charged to the cgroup that first used it until it is freed, so a container's
-figures cannot move while every sum of the kubepods cgroup above it keeps its bytes: that would take
-changes in two containers that cancel out to the page and to the microsecond, made while neither ran (the
-kernel reclaiming or moving pages). Two reads a kubepods cgroup then stand for two a container
-(``otel_numa.snapshot.collectors.cgroups`` still reads every container at least once a minute).
+descendants' (reading one has the kernel flush the pending updates of the whole subtree, at least as far
+as reading a container's own would flush that container's). CPU time only grows, and a page stays charged
+to the cgroup that first used it until it is freed, so a container's figures cannot move while every sum
+of the kubepods cgroup above it keeps its bytes: that would take changes of two containers' pages that
+cancel out to the page, made while neither container ran (the kernel reclaiming or moving pages). Two
+reads a kubepods cgroup then stand for two a container (``otel_numa.snapshot.collectors.cgroups`` still
+reads every container at least once a minute).
 
 A kubepods cgroup without ``cpu.stat`` (not cgroup v2) gives no sums. One without ``memory.numa_stat``
 has no memory controller, nor then do the containers below it.
