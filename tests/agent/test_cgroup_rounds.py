@@ -388,8 +388,8 @@ def test_on_the_kernels_own_cgroupfs_containers_come_and_go_and_cpu_time_moves(
         writes.close()
         (usage,) = view_of(walk).usages
         assert before is not None and usage.cpu_time_s is not None and usage.cpu_time_s >= before + 0.15
+        idle = view_of(walk)  # nothing runs below kubepods from now on
         read = counted_reads(walk, monkeypatch)
-        idle = view_of(walk)
         assert view_of(walk).usages is idle.usages and not read
         process = subprocess.Popen(
             [sys.executable, "-c", busy],
