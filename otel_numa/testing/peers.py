@@ -15,7 +15,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,20 @@ class AgentProcess:
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int:
+        """Send ``sig`` and wait for the exit status; an agent still running after ``timeout_s`` is made
+        to print every thread's stack (faulthandler, on SIGABRT) and fails the test with its log."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
-        return self.process.wait(timeout=timeout_s)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+            raise AssertionError(
+                f"the agent had not stopped {timeout_s:g} s after signal {sig}; its log ends:\n"
+                + self.log()[-8000:]
+            ) from None
 
 
 def agent_command(*args: str, python: str = sys.executable) -> list[str]:
@@ -111,6 +122,7 @@ def run_agent(
         command += ["--prometheus-address", f"127.0.0.1:{prometheus_port}"]
     log_path = tmp_path / f"agent-{health_port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
+    full_env["PYTHONFAULTHANDLER"] = "1"  # an agent that hangs prints its threads' stacks on SIGABRT
     full_env.update(env or {})
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
