@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable, Sequence
 from otel_numa.sources.errors import SourceError
 from otel_numa.sources.files import CGROUP_FILE_BYTES, KeptFiles
 
-# the files whose sums stand for the containers' own (cgroup_rounds reads these two every round)
+# the files whose sums stand for the containers' own (the two counters cgroup_rounds reads a container by)
 SUMMED_FILES = ("memory.numa_stat", "cpu.stat")
 FILES_KEPT = 8  # two for each of a few kubepods cgroups (a node has one)
 
