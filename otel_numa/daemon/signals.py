@@ -10,9 +10,12 @@ them through (:func:`release`). Only this module's imports run before that: the 
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from types import FrameType
 
 Handler = Callable[[int, FrameType | None], object]
@@ -55,5 +58,24 @@ class StopRequest:
         self.event.set()
 
     def wait(self) -> str | None:
-        self.event.wait()
+        """Until a stop signal came (called in the main thread, where Python runs signal handlers).
+
+        The kernel hands a signal sent to the process to any thread that does not block it. Python's C
+        handler then only notes it, and the Python handler runs once the main thread runs again: a main
+        thread asleep on a lock would sleep on, and the agent never stop. So the main thread sleeps on a
+        pipe that the C handler writes to (``signal.set_wakeup_fd``), whichever thread it runs in."""
+        if threading.current_thread() is not threading.main_thread():
+            self.event.wait()  # no handler runs in this process's other threads: only the event can wake it
+            return self.received
+        wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        try:
+            while not self.event.is_set():
+                select.select([wake_read], [], [])
+                with suppress(BlockingIOError):
+                    os.read(wake_read, 64)
+        finally:
+            signal.set_wakeup_fd(previous)
+            os.close(wake_read)
+            os.close(wake_write)
         return self.received
