@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from otel_numa.testing.peers import free_port, http_get, rotel_binary, stop_process, wait_for
+from otel_numa.testing.peers import http_get, rotel_binary, start_on_free_ports, stop_process
 
 # The agent's service.name: the gateway's statements touch its metrics only.
 AGENT_SERVICE = "otel-numa"
@@ -368,48 +368,53 @@ class Gateway:
 def run_gateway(tmp_path: Path, settings: GatewaySettings | None = None) -> Iterator[Gateway]:
     """rotel (OTLP receiver, batching with the Collector's batch defaults) forwarding to the stand-in."""
     settings = settings or GatewaySettings()
-    page_port, grpc_port, http_port = free_port(), free_port(), free_port()
-    log = tmp_path / f"gateway-{page_port}.log"
-    with open(log, "wb") as out:
-        exporter = subprocess.Popen(
-            [sys.executable, "-m", "otel_numa.testing.gateway", f"--port={page_port}", *settings.flags()],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_for(lambda: http_get(f"http://127.0.0.1:{page_port}/metrics")[0] == 200, 30, "the gateway page")
-        with open(tmp_path / f"rotel-{grpc_port}.out", "wb") as out:
-            rotel = subprocess.Popen(
-                [
-                    str(rotel_binary()),
-                    "start",
-                    "--exporter=otlp",
-                    f"--otlp-exporter-endpoint=http://127.0.0.1:{page_port}",
-                    "--otlp-exporter-protocol=http",
-                    f"--otlp-grpc-endpoint=127.0.0.1:{grpc_port}",
-                    f"--otlp-http-endpoint=127.0.0.1:{http_port}",
-                    # the agents' largest pushes (an 8-NUMA node with 500 containers) exceed gRPC's 4 MiB
-                    "--otlp-grpc-max-recv-msg-size-mib=64",
-                    f"--pid-file={tmp_path / f'rotel-{grpc_port}.pid'}",
-                    f"--log-file={tmp_path / f'rotel-{grpc_port}.log'}",
-                ],
+
+    def start_exporter(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        with open(tmp_path / f"gateway-{ports[0]}.log", "wb") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "otel_numa.testing.gateway", f"--port={ports[0]}", *settings.flags()],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+
+    def page_ready(ports: tuple[int, ...]) -> bool:
+        return http_get(f"http://127.0.0.1:{ports[0]}/metrics")[0] == 200
+
+    exporter, (page_port,) = start_on_free_ports(start_exporter, 1, page_ready, "the gateway page")
+    try:
+
+        def start_rotel(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+            grpc_port, http_port = ports
+            with open(tmp_path / f"rotel-{grpc_port}.out", "wb") as out:
+                return subprocess.Popen(
+                    [
+                        str(rotel_binary()),
+                        "start",
+                        "--exporter=otlp",
+                        f"--otlp-exporter-endpoint=http://127.0.0.1:{page_port}",
+                        "--otlp-exporter-protocol=http",
+                        f"--otlp-grpc-endpoint=127.0.0.1:{grpc_port}",
+                        f"--otlp-http-endpoint=127.0.0.1:{http_port}",
+                        # the agents' largest pushes (an 8-NUMA node with 500 containers) exceed gRPC's 4 MiB
+                        "--otlp-grpc-max-recv-msg-size-mib=64",
+                        f"--pid-file={tmp_path / f'rotel-{grpc_port}.pid'}",
+                        f"--log-file={tmp_path / f'rotel-{grpc_port}.log'}",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+
+        rotel, (grpc_port, http_port) = start_on_free_ports(
+            start_rotel, 2, lambda _ports: True, "rotel to listen"
+        )
         try:
-            wait_for(lambda: _listening(grpc_port), 20, "rotel to listen")
+            if exporter.poll() is not None or rotel.poll() is not None:
+                raise AssertionError(f"the gateway exited: {exporter.poll()}, rotel {rotel.poll()}")
             yield Gateway(grpc_port, http_port, page_port, rotel, exporter)
         finally:
             stop_process(rotel)
     finally:
         stop_process(exporter)
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-        return True
 
 
 if __name__ == "__main__":

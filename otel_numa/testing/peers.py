@@ -29,6 +29,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Tests run side by side: a port found free may be taken by another program before the server started on it
+# binds it. The server then exits, and another program answers on its port; it is started again on other
+# ports, at most this many times.
+PORT_TRIES = 3
+_LISTEN = "0A"  # a socket's state in /proc/net/tcp: listening
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` itself listens on (its sockets' inodes among the kernel's listeners)."""
+    inodes = set()
+    with suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError), open(table) as lines:
+            next(lines)  # the header
+            for line in lines:
+                fields = line.split()
+                if fields[3] == _LISTEN and fields[9] in inodes:
+                    ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def start_on_free_ports(
+    start: Callable[[tuple[int, ...]], subprocess.Popen[bytes]],
+    count: int,
+    ready: Callable[[tuple[int, ...]], bool],
+    what: str,
+    timeout_s: float = 30,
+) -> tuple[subprocess.Popen[bytes], tuple[int, ...]]:
+    """``start`` a server on ``count`` free ports, waiting until it listens on all of them itself and
+    ``ready`` says so; started again on other ports when it exited because another program took one (see
+    :data:`PORT_TRIES`). A server that exited for another reason is handed back as it is, for its caller
+    to report."""
+    for _ in range(PORT_TRIES):
+        ports = tuple(free_port() for _ in range(count))
+        process = start(ports)
+
+        def listening(process: subprocess.Popen[bytes] = process, ports: tuple[int, ...] = ports) -> bool:
+            return process.poll() is not None or (set(ports) <= listening_ports(process.pid) and ready(ports))
+
+        try:
+            wait_for(listening, timeout_s, what)
+        except BaseException:
+            stop_process(process)
+            raise
+        taken = process.poll() is not None and any(_listened(port) for port in ports)
+        if not taken:
+            return process, ports
+    raise AssertionError(f"{what}: another program took its free ports {PORT_TRIES} times")
+
+
+def _always(_ports: tuple[int, ...]) -> bool:
+    return True
+
+
+def _listened(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
@@ -115,36 +181,37 @@ def run_agent(
 ) -> Iterator[AgentProcess]:
     """The agent in a subprocess of ``python`` (an interpreter with the agent installed), ready;
     ``open_files``: its soft limit of descriptors (this process keeps its own)."""
-    prometheus_port = free_port() if prometheus else None
-    health_port = free_port()
-    command = agent_command(*args, "--health-address", f"127.0.0.1:{health_port}", python=python)
-    if prometheus_port is not None:
-        command += ["--prometheus-address", f"127.0.0.1:{prometheus_port}"]
-    log_path = tmp_path / f"agent-{health_port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
     full_env["PYTHONFAULTHANDLER"] = "1"  # an agent that hangs prints its threads' stacks on SIGABRT
     full_env.update(env or {})
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            command,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=REPO,
-            preexec_fn=(lambda: _limit_open_files(open_files)) if open_files is not None else None,
-        )
-    agent = AgentProcess(process, prometheus_port, health_port, log_path)
-    try:
-        try:
-            wait_for(
-                lambda: (
-                    process.poll() is None and http_get(f"http://127.0.0.1:{health_port}/readyz")[0] == 200
-                ),
-                30,
-                "the agent to be ready",
+
+    def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        command = agent_command(*args, "--health-address", f"127.0.0.1:{ports[0]}", python=python)
+        if prometheus:
+            command += ["--prometheus-address", f"127.0.0.1:{ports[1]}"]
+        with open(tmp_path / f"agent-{ports[0]}.log", "wb") as log_file:
+            return subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=REPO,
+                preexec_fn=(lambda: _limit_open_files(open_files)) if open_files is not None else None,
             )
-        except AssertionError:
-            raise AssertionError(f"agent did not start; exit={process.poll()} log:\n{agent.log()}") from None
+
+    def ready(ports: tuple[int, ...]) -> bool:
+        return http_get(f"http://127.0.0.1:{ports[0]}/readyz")[0] == 200
+
+    try:
+        process, ports = start_on_free_ports(start, 2 if prometheus else 1, ready, "the agent to be ready")
+    except AssertionError as error:
+        logs = "\n".join(path.read_text(errors="replace") for path in sorted(tmp_path.glob("agent-*.log")))
+        raise AssertionError(f"agent did not start ({error}); logs:\n{logs[-4000:]}") from None
+    health_port, prometheus_port = ports[0], ports[1] if prometheus else None
+    agent = AgentProcess(process, prometheus_port, health_port, tmp_path / f"agent-{health_port}.log")
+    try:
+        if process.poll() is not None:
+            raise AssertionError(f"agent did not start; exit={process.poll()} log:\n{agent.log()}")
         yield agent
     finally:
         if process.poll() is None:
@@ -224,7 +291,6 @@ def run_prometheus(
     """Debian's prometheus scraping ``targets`` as job otel-numa (none: only ``extra_jobs``), evaluating
     ``rule_files`` at the scrape interval; ``name`` keeps the files of two servers in one directory apart."""
     binary = require_binary("prometheus")
-    port = free_port()
     config = tmp_path / f"{name}.yml"
     jobs = [ScrapeJob("otel-numa", targets, tls_config)] if targets else []
     jobs += extra_jobs
@@ -240,21 +306,29 @@ def run_prometheus(
     )
     data = tmp_path / f"{name}-data"
     log_path = tmp_path / f"{name}.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={data}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+
+    def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        with open(log_path, "wb") as log_file:
+            return subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={data}",
+                    f"--web.listen-address=127.0.0.1:{ports[0]}",
+                    "--log.level=warn",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+
+    def ready(ports: tuple[int, ...]) -> bool:
+        return http_get(f"http://127.0.0.1:{ports[0]}/-/ready")[0] == 200
+
+    process, (port,) = start_on_free_ports(start, 1, ready, "prometheus to be ready")
     prom = Prometheus(port, process)
     try:
-        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 30, "prometheus to be ready")
+        if process.poll() is not None:
+            raise AssertionError(f"prometheus exited ({process.poll()}): {log_path.read_text()[-2000:]}")
         yield prom
     finally:
         stop_process(process)
@@ -376,43 +450,43 @@ def rotel_binary() -> Path:
 @contextmanager
 def run_rotel(tmp_path: Path, verbosity: str = "detailed") -> Iterator[Rotel]:
     """rotel logging what it receives: ``detailed`` (every data point) or ``basic`` (one line per batch)."""
-    grpc_port, http_port = free_port(), free_port()
+
+    def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        grpc_port, http_port = ports
+        with open(tmp_path / f"rotel-{grpc_port}.log", "wb") as log_file:
+            return subprocess.Popen(
+                [
+                    str(rotel_binary()),
+                    "start",
+                    "--exporter",
+                    "blackhole",
+                    "--debug-log",
+                    "metrics",
+                    "--debug-log-verbosity",
+                    verbosity,
+                    "--otlp-grpc-endpoint",
+                    f"127.0.0.1:{grpc_port}",
+                    "--otlp-http-endpoint",
+                    f"127.0.0.1:{http_port}",
+                    "--metrics-batch-timeout",
+                    "10ms",
+                    "--pid-file",
+                    str(tmp_path / f"rotel-{grpc_port}.pid"),
+                    "--log-file",
+                    str(tmp_path / f"rotel-{grpc_port}.agent.log"),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+
+    process, (grpc_port, http_port) = start_on_free_ports(
+        start, 2, lambda _ports: True, "rotel to listen", 20
+    )
     log_path = tmp_path / f"rotel-{grpc_port}.log"
-    with open(log_path, "wb") as log_file:
-        process = subprocess.Popen(
-            [
-                str(rotel_binary()),
-                "start",
-                "--exporter",
-                "blackhole",
-                "--debug-log",
-                "metrics",
-                "--debug-log-verbosity",
-                verbosity,
-                "--otlp-grpc-endpoint",
-                f"127.0.0.1:{grpc_port}",
-                "--otlp-http-endpoint",
-                f"127.0.0.1:{http_port}",
-                "--metrics-batch-timeout",
-                "10ms",
-                "--pid-file",
-                str(tmp_path / f"rotel-{grpc_port}.pid"),
-                "--log-file",
-                str(tmp_path / f"rotel-{grpc_port}.agent.log"),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
     rotel = Rotel(grpc_port, http_port, log_path, process)
     try:
-
-        def listening() -> bool:
-            with socket.create_connection(("127.0.0.1", grpc_port), timeout=0.5):
-                pass
-            with socket.create_connection(("127.0.0.1", http_port), timeout=0.5):
-                return True
-
-        wait_for(listening, 20, "rotel to listen")
+        if process.poll() is not None:
+            raise AssertionError(f"rotel exited ({process.poll()}): {log_path.read_text()[-2000:]}")
         yield rotel
     finally:
         stop_process(process)
