@@ -8,7 +8,10 @@ from opentelemetry.util.types import AttributeValue
 
 from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import Allocation, ContainerAllocation, ContainerRef, PodAllocation
+from otel_numa.series_attributes import series_maker
 from otel_numa.snapshot.store import Snapshot
+
+SeriesMaker = Callable[..., Mapping[str, AttributeValue]]
 
 HUGEPAGE_SIZE = "k8s.hugepage.size"
 RESOURCE_NAME = "numa.resource.name"
@@ -25,6 +28,11 @@ def container_attributes(ref: ContainerRef) -> dict[str, AttributeValue]:
         attributes["k8s.namespace.name"] = ref.namespace
     attributes.update(ref.extra_attributes)  # opt-in runtime enrichment (enrich_mode=attributes)
     return attributes
+
+
+def container_series(ref: ContainerRef, *keys: str) -> SeriesMaker:
+    """What makes the attributes of a container's series: its own, and a value for each of ``keys``."""
+    return series_maker(container_attributes(ref), keys)
 
 
 def _cpu_allocatable(a: Allocation) -> Mapping[int, int] | None:
@@ -75,14 +83,28 @@ def _keyed_points(values: Mapping[tuple[int, str], int], key_attribute: str) -> 
         yield value, {NUMA_ID: numa_id, key_attribute: key}
 
 
-def _containers(
-    points: Callable[[ContainerAllocation], Iterator[Point]],
-) -> Callable[[Snapshot], Iterator[Point]]:
+def _containers_per_numa(pick: Callable[[ContainerAllocation], Mapping[int, int]]) -> Observe:
     def observe(snapshot: Snapshot) -> Iterator[Point]:
         for container in snapshot.allocation.containers:
-            base = container_attributes(container.container)
-            for value, attributes in points(container):
-                yield value, {**base, **(attributes or {})}
+            values = pick(container)
+            if values:
+                series = container_series(container.container, NUMA_ID)
+                for numa_id, value in sorted(values.items()):
+                    yield value, series(numa_id)
+
+    return observe
+
+
+def _containers_per_key(
+    pick: Callable[[ContainerAllocation], Mapping[tuple[int, str], int]], key_attribute: str
+) -> Observe:
+    def observe(snapshot: Snapshot) -> Iterator[Point]:
+        for container in snapshot.allocation.containers:
+            values = pick(container)
+            if values:
+                series = container_series(container.container, NUMA_ID, key_attribute)
+                for (numa_id, key), value in sorted(values.items()):
+                    yield value, series(numa_id, key)
 
     return observe
 
@@ -100,9 +122,9 @@ def pod_attributes(pod: PodAllocation) -> dict[str, AttributeValue]:
 def _pods(pick: Callable[[PodAllocation], Mapping[int, int]]) -> Callable[[Snapshot], Iterator[Point]]:
     def observe(snapshot: Snapshot) -> Iterator[Point]:
         for pod in snapshot.allocation.pods:
-            base = pod_attributes(pod)
+            series = series_maker(pod_attributes(pod), (NUMA_ID,))
             for numa_id, value in sorted(pick(pod).items()):
-                yield value, {**base, NUMA_ID: numa_id}
+                yield value, series(numa_id)
 
     return observe
 
@@ -111,7 +133,7 @@ def _aligned(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.allocation.containers:
         aligned = container.aligned
         if aligned is not None:
-            yield int(aligned), container_attributes(container.container)
+            yield int(aligned), container_series(container.container)()
 
 
 OBSERVERS: dict[str, Observe] = {
@@ -123,12 +145,10 @@ OBSERVERS: dict[str, Observe] = {
     "numa.hugepages.allocated": _per_key(lambda a: a.hugepages_allocated, HUGEPAGE_SIZE),
     "numa.device.capacity": _per_key(lambda a: a.device_capacity, RESOURCE_NAME),
     "numa.device.allocated": _per_key(lambda a: a.device_allocated, RESOURCE_NAME),
-    "numa.container.cpu.allocated": _containers(lambda c: _numa_points(c.cpus)),
-    "numa.container.memory.allocated": _containers(lambda c: _numa_points(c.memory_bytes)),
-    "numa.container.hugepages.allocated": _containers(
-        lambda c: _keyed_points(c.hugepages_bytes, HUGEPAGE_SIZE)
-    ),
-    "numa.container.device.allocated": _containers(lambda c: _keyed_points(c.devices, RESOURCE_NAME)),
+    "numa.container.cpu.allocated": _containers_per_numa(lambda c: c.cpus),
+    "numa.container.memory.allocated": _containers_per_numa(lambda c: c.memory_bytes),
+    "numa.container.hugepages.allocated": _containers_per_key(lambda c: c.hugepages_bytes, HUGEPAGE_SIZE),
+    "numa.container.device.allocated": _containers_per_key(lambda c: c.devices, RESOURCE_NAME),
     "numa.pod.cpu.allocated": _pods(lambda p: p.cpus),
     "numa.pod.memory.allocated": _pods(lambda p: p.memory_bytes),
     "numa.container.aligned": _aligned,

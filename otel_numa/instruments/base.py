@@ -53,20 +53,7 @@ class Instruments:
                 cached_key, cached = cache  # one tuple: a concurrent reader sees a whole pair
                 if key is cached_key and key is not no_part:
                     return cached
-                points = list(observe(snapshot))
-                observations = _same_series_in_place(points, previous)
-                if observations is None:
-                    # the same attributes object for a series as long as it exists, whatever its value:
-                    # found among last time's (made only now: series come and go rarely)
-                    kept = {_identity(attributes): attributes for attributes in previous.attributes}
-                    values: list[float | int] = []
-                    series: list[Attributes] = []
-                    for value, attributes in points:
-                        if _exportable(value):
-                            stable = series_attributes(attributes) if attributes else EMPTY_ATTRIBUTES
-                            values.append(value)
-                            series.append(kept.get(_identity(stable), stable))
-                    observations = Observations(values, tuple(series))
+                observations = _stable_observations(observe(snapshot), previous)
                 previous = observations
                 if part is not None:
                     cache = (key, observations)
@@ -97,15 +84,42 @@ def _identity(attributes: Attributes) -> object:
     return (tuple(attributes), tuple(attributes.values())) if attributes else ()
 
 
-def _same_series_in_place(points: list[Point], previous: Observations) -> Observations | None:
-    """Observations for ``points`` when they are last time's series in last time's order (new values, as
-    after a cgroup round): they keep last time's attributes tuple, each series checked by one comparison
-    instead of a lookup. ``None`` when any series differs."""
-    if len(points) != len(previous):
-        return None
-    values = []
-    for (value, attributes), stable in zip(points, previous.attributes, strict=True):
-        if (attributes is not stable and not same_attributes(stable, attributes)) or not _exportable(value):
-            return None
+def _stable_observations(points: Iterable[Point], previous: Observations) -> Observations:
+    """``points`` as observations that hold the same attributes object for a series as long as it exists,
+    whatever its value: last time's, found in place (one comparison a series: a pod that came or went
+    shifts the rest by its series only) or else looked up among last time's. When every series is last
+    time's, in last time's order (new values, as after a cgroup round), they keep last time's attributes
+    tuple, which tells the export path that the series are the same."""
+    kept = previous.attributes
+    values: list[float | int] = []
+    series: list[Attributes] = []
+    position, in_place = 0, True
+    where: dict[object, int] | None = None  # last time's series -> position, made at the first one moved
+    for value, attributes in points:
+        if not _exportable(value):
+            in_place = False
+            continue
+        stable = kept[position] if position < len(kept) else None
+        if stable is not None and (attributes is stable or same_attributes(stable, attributes)):
+            position += 1
+        else:
+            in_place = False
+            made = _series(attributes)
+            if where is None:
+                where = {_identity(old): index for index, old in enumerate(kept)}
+            found = where.get(_identity(made))
+            if found is None:
+                stable = made
+            else:
+                stable, position = kept[found], found + 1
         values.append(value)
-    return Observations(values, previous.attributes)
+        series.append(stable)
+    if in_place and position == len(kept):
+        return Observations(values, kept)
+    return Observations(values, tuple(series))
+
+
+def _series(attributes: Attributes) -> Attributes:
+    if type(attributes) is SeriesAttributes:
+        return attributes
+    return series_attributes(attributes) if attributes else EMPTY_ATTRIBUTES

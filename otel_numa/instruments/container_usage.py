@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 from opentelemetry.util.types import AttributeValue
 
-from otel_numa.instruments.allocation import container_attributes
+from otel_numa.instruments.allocation import container_attributes, container_series
 from otel_numa.instruments.base import NUMA_ID, Observe, Point
 from otel_numa.model import ContainerUsage
+from otel_numa.series_attributes import series_maker
 from otel_numa.snapshot.store import Snapshot
 
 MEMORY_TYPE = "numa.memory.type"
@@ -28,28 +29,28 @@ def node_list(nodes: frozenset[int]) -> str:
 
 def _memory(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.container_usage:
-        base = container_attributes(container.container)
+        series = container_series(container.container, NUMA_ID, MEMORY_TYPE)
         for memory_type, by_node in container.memory_by_type.items():
             for node, amount in sorted(by_node.items()):
-                yield amount, {**base, NUMA_ID: node, MEMORY_TYPE: memory_type}
+                yield amount, series(node, memory_type)
 
 
 def _cpu_time(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.container_usage:
-        base = container_attributes(container.container)
+        series = container_series(container.container, NUMA_ID)
         for node, seconds in sorted(container.cpu_time_by_node.items()):
-            yield seconds, {**base, NUMA_ID: node}
+            yield seconds, series(node)
 
 
 def _locality(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.container_usage:
         if container.locality is not None:
-            yield container.locality, container_attributes(container.container)
+            yield container.locality, container_series(container.container)()
 
 
 def _cpuset_nodes(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.container_usage:
-        yield 1, {**container_attributes(container.container), **_node_sets(container)}
+        yield 1, series_maker({**container_attributes(container.container), **_node_sets(container)}, ())()
 
 
 def _node_sets(container: ContainerUsage) -> dict[str, AttributeValue]:
@@ -66,9 +67,10 @@ def _node_sets(container: ContainerUsage) -> dict[str, AttributeValue]:
 
 def _mismatch(snapshot: Snapshot) -> Iterator[Point]:
     for container in snapshot.container_usage:
+        series = container_series(container.container, RESOURCE_KIND)
         for kind, differs in (("cpu", container.cpu_mismatch), ("memory", container.memory_mismatch)):
             if differs is not None:
-                yield int(differs), {**container_attributes(container.container), RESOURCE_KIND: kind}
+                yield int(differs), series(kind)
 
 
 def _pinned(snapshot: Snapshot) -> Iterator[Point]:

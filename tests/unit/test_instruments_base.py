@@ -11,6 +11,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from otel_numa.instruments.base import Instruments, Point
 from otel_numa.instruments.catalogue import METRICS
 from otel_numa.instruments.observations import Observations
+from otel_numa.series_attributes import series_maker
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
@@ -93,3 +94,39 @@ def test_the_same_series_in_place_keep_last_times_attributes_tuple() -> None:
     assert again.attributes is first.attributes and again.values == [3, 4]
     more = observe((5, "a"), (6, "b"), (7, "c"))
     assert more.attributes is not first.attributes and more.attributes[:2] == first.attributes
+    fewer = observe((8, "a"), (9, "b"))
+    assert fewer.attributes is not more.attributes and fewer.attributes == first.attributes
+
+
+def test_series_made_by_a_series_maker_keep_their_first_mapping_when_one_in_the_middle_goes() -> None:
+    """Series as the container instruments make them (SeriesAttributes, new tuples every time): after one
+    container's series went from the middle, or came back, each of the others still has its first
+    mapping; every one in place again gives last time's tuple."""
+    current: list[Point] = []
+    meter = RecordingMeter()
+    Instruments(cast(Any, meter), cast(SnapshotStore, NoStore())).add(
+        METRICS[0], lambda _snapshot: iter(current)
+    )
+    (callback,) = meter.callbacks
+
+    def observe(*pods: str) -> Observations:
+        current[:] = []
+        for value, pod in enumerate(pods):
+            series = series_maker({"k8s.pod.uid": pod}, ("numa.node.id",))
+            current.extend((value, series(node)) for node in (0, 1))
+        observed = callback(CallbackOptions())
+        assert type(observed) is Observations
+        return observed
+
+    last = observe("a", "b", "c", "d")
+    for pods in (("a", "c", "d"), ("a", "b", "c", "d"), ("d", "c", "b", "a"), ("b", "x", "c")):
+        observed = observe(*pods)
+        assert [(o["k8s.pod.uid"], o["numa.node.id"]) for o in observed.attributes] == [
+            (pod, node) for pod in pods for node in (0, 1)
+        ]
+        before = {(o["k8s.pod.uid"], o["numa.node.id"]): o for o in last.attributes}
+        for o in observed.attributes:
+            assert o is before.get((o["k8s.pod.uid"], o["numa.node.id"]), o)
+        last = observed
+    again = observe("b", "x", "c")
+    assert again.attributes is observe("b", "x", "c").attributes

@@ -9,7 +9,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.util.types import AttributeValue
 
-from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes
+from otel_numa.series_attributes import SeriesAttributes, same_attributes, series_attributes, series_maker
 
 POD: dict[str, AttributeValue] = {
     "k8s.pod.uid": "uid-1",
@@ -56,6 +56,30 @@ def test_same_attributes_compares_an_instruments_new_dict_with_the_kept_mapping(
     one = series_attributes({"numa.node.id": 1})
     assert same_attributes(one, {"numa.node.id": 1}) and not same_attributes(one, {"numa.node.id": 2})
     assert not same_attributes(one, {"numa.node.id": 1.5})  # not flat: compared as mappings
+
+
+def test_a_series_maker_gives_the_mapping_of_the_base_and_the_added_keys() -> None:
+    base = {
+        key: POD[key] for key in ("k8s.pod.uid", "k8s.container.name", "k8s.pod.name", "k8s.namespace.name")
+    }
+    memory = series_maker(base, ("numa.node.id", "numa.memory.type"))
+    made = memory(1, "anon")
+    assert isinstance(made, SeriesAttributes)
+    assert made == series_attributes(POD) and hash(made) == hash(series_attributes(POD)) and made == POD
+    kept = series_attributes(POD)
+    assert isinstance(kept, SeriesAttributes)
+    assert tuple.__getitem__(made, 0) is tuple.__getitem__(kept, 0)  # one keys tuple for both
+    assert memory(0, "file") == {**POD, "numa.node.id": 0, "numa.memory.type": "file"}
+    assert same_attributes(series_attributes(POD), made)
+    assert not same_attributes(series_attributes(POD), memory(1, "file"))
+    assert same_attributes(POD, made) and not same_attributes({**POD, "numa.node.id": 0}, made)
+    assert series_maker(base, ())() == base and series_maker({"a": "x"}, ("b",))(2) == {"a": "x", "b": 2}
+    assert series_maker({}, ("numa.node.id",))(3) == {"numa.node.id": 3}
+    # not flat, or a key given twice: a dict, as the instrument would have made it
+    ratio = series_maker({"ratio": 0.5}, ("numa.node.id",))(1)
+    assert type(ratio) is dict and ratio == {"ratio": 0.5, "numa.node.id": 1}
+    twice = series_maker(base, ("k8s.pod.name",))("other")
+    assert type(twice) is dict and twice == {**base, "k8s.pod.name": "other"}
 
 
 def test_observations_hand_the_sdk_the_series_items_as_a_plain_mapping() -> None:
