@@ -46,7 +46,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from otel_numa.testing.peers import http_get, rotel_binary, start_on_free_ports, stop_process
+from otel_numa.testing.peers import http_get, start_on_free_ports, start_rotel, stop_process
 
 # The agent's service.name: the gateway's statements touch its metrics only.
 AGENT_SERVICE = "otel-numa"
@@ -383,30 +383,17 @@ def run_gateway(tmp_path: Path, settings: GatewaySettings | None = None) -> Iter
     exporter, (page_port,) = start_on_free_ports(start_exporter, 1, page_ready, "the gateway page")
     try:
 
-        def start_rotel(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
-            grpc_port, http_port = ports
-            with open(tmp_path / f"rotel-{grpc_port}.out", "wb") as out:
-                return subprocess.Popen(
-                    [
-                        str(rotel_binary()),
-                        "start",
-                        "--exporter=otlp",
-                        f"--otlp-exporter-endpoint=http://127.0.0.1:{page_port}",
-                        "--otlp-exporter-protocol=http",
-                        f"--otlp-grpc-endpoint=127.0.0.1:{grpc_port}",
-                        f"--otlp-http-endpoint=127.0.0.1:{http_port}",
-                        # the agents' largest pushes (an 8-NUMA node with 500 containers) exceed gRPC's 4 MiB
-                        "--otlp-grpc-max-recv-msg-size-mib=64",
-                        f"--pid-file={tmp_path / f'rotel-{grpc_port}.pid'}",
-                        f"--log-file={tmp_path / f'rotel-{grpc_port}.log'}",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
+        def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+            flags = (
+                "--exporter=otlp",
+                f"--otlp-exporter-endpoint=http://127.0.0.1:{page_port}",
+                "--otlp-exporter-protocol=http",
+                # the agents' largest pushes (an 8-NUMA node with 500 containers) exceed gRPC's 4 MiB
+                "--otlp-grpc-max-recv-msg-size-mib=64",
+            )
+            return start_rotel(tmp_path, ports, flags, ".out")
 
-        rotel, (grpc_port, http_port) = start_on_free_ports(
-            start_rotel, 2, lambda _ports: True, "rotel to listen"
-        )
+        rotel, (grpc_port, http_port) = start_on_free_ports(start, 2, lambda _ports: True, "rotel to listen")
         try:
             if exporter.poll() is not None or rotel.poll() is not None:
                 raise AssertionError(f"the gateway exited: {exporter.poll()}, rotel {rotel.poll()}")

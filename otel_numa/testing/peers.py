@@ -447,41 +447,34 @@ def rotel_binary() -> Path:
     return Path(rotel.__file__).parent / "rotel-agent"
 
 
+def start_rotel(
+    tmp_path: Path, ports: tuple[int, ...], flags: Sequence[str], output: str
+) -> subprocess.Popen[bytes]:
+    """rotel with its OTLP receivers on ``ports`` (gRPC, HTTP) of the loopback and ``flags``; what it prints
+    goes to ``rotel-<gRPC port><output>``, its own log file is ``rotel-<gRPC port>.agent.log``."""
+    grpc_port, http_port = ports
+    command = [
+        str(rotel_binary()),
+        "start",
+        f"--otlp-grpc-endpoint=127.0.0.1:{grpc_port}",
+        f"--otlp-http-endpoint=127.0.0.1:{http_port}",
+        f"--pid-file={tmp_path / f'rotel-{grpc_port}.pid'}",
+        f"--log-file={tmp_path / f'rotel-{grpc_port}.agent.log'}",
+        *flags,
+    ]
+    with open(tmp_path / f"rotel-{grpc_port}{output}", "wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+
 @contextmanager
 def run_rotel(tmp_path: Path, verbosity: str = "detailed") -> Iterator[Rotel]:
     """rotel logging what it receives: ``detailed`` (every data point) or ``basic`` (one line per batch)."""
 
     def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
-        grpc_port, http_port = ports
-        with open(tmp_path / f"rotel-{grpc_port}.log", "wb") as log_file:
-            return subprocess.Popen(
-                [
-                    str(rotel_binary()),
-                    "start",
-                    "--exporter",
-                    "blackhole",
-                    "--debug-log",
-                    "metrics",
-                    "--debug-log-verbosity",
-                    verbosity,
-                    "--otlp-grpc-endpoint",
-                    f"127.0.0.1:{grpc_port}",
-                    "--otlp-http-endpoint",
-                    f"127.0.0.1:{http_port}",
-                    "--metrics-batch-timeout",
-                    "10ms",
-                    "--pid-file",
-                    str(tmp_path / f"rotel-{grpc_port}.pid"),
-                    "--log-file",
-                    str(tmp_path / f"rotel-{grpc_port}.agent.log"),
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
+        flags = ("--exporter=blackhole", "--debug-log=metrics", f"--debug-log-verbosity={verbosity}")
+        return start_rotel(tmp_path, ports, (*flags, "--metrics-batch-timeout=10ms"), ".log")
 
-    process, (grpc_port, http_port) = start_on_free_ports(
-        start, 2, lambda _ports: True, "rotel to listen", 20
-    )
+    process, (grpc_port, http_port) = start_on_free_ports(start, 2, _always, "rotel to listen", 20)
     log_path = tmp_path / f"rotel-{grpc_port}.log"
     rotel = Rotel(grpc_port, http_port, log_path, process)
     try:
