@@ -11,8 +11,14 @@ from otel_numa.testing.peers import REPO
 # A stop request waited for in the main thread; another thread (a gRPC or an HTTP client thread, in the
 # agent) receives SIGTERM, as the kernel may choose; a watchdog ends a process that did not notice.
 _WAITER = """
-import os, signal, sys, threading, time
+import os, resource, signal, sys, threading, time
 from otel_numa.daemon.signals import StopRequest
+
+# as many files open as an agent on a large node keeps (descriptors past select()'s 1,024)
+_soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if hard == resource.RLIM_INFINITY or hard >= 2048:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    kept = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
 
 def watchdog():
     time.sleep(10)
