@@ -30,7 +30,22 @@ def test_the_container_engine_modules_run_on_one_worker(tmp_path: Path) -> None:
         "".join(f"def test_{n}():\n    pass\n" for n in range(12))  # work for the other workers
     )
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider"],
+        [
+            *(
+                sys.executable,
+                "-m",
+                "pytest",
+                "-n",
+                "2",
+                "--dist",
+                "loadgroup",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ),
+            # a temporary directory of its own: pytest's default one would remove the suite's older ones
+            *("--basetemp", str(tmp_path / "basetemp")),
+        ],
         cwd=tmp_path,
         env={**os.environ, "OTEL_NUMA_TEST_ENGINE_LOCK": str(tmp_path / "engine.lock")},  # not the suite's
         capture_output=True,
