@@ -380,7 +380,7 @@ def run_gateway(tmp_path: Path, settings: GatewaySettings | None = None) -> Iter
     def page_ready(ports: tuple[int, ...]) -> bool:
         return http_get(f"http://127.0.0.1:{ports[0]}/metrics")[0] == 200
 
-    exporter, (page_port,) = start_on_free_ports(start_exporter, 1, page_ready, "the gateway page")
+    exporter, (page_port,) = start_on_free_ports(start_exporter, 1, "the gateway page", page_ready)
     try:
 
         def start(ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
@@ -393,7 +393,7 @@ def run_gateway(tmp_path: Path, settings: GatewaySettings | None = None) -> Iter
             )
             return start_rotel(tmp_path, ports, flags, ".out")
 
-        rotel, (grpc_port, http_port) = start_on_free_ports(start, 2, lambda _ports: True, "rotel to listen")
+        rotel, (grpc_port, http_port) = start_on_free_ports(start, 2, "rotel to listen")
         try:
             if exporter.poll() is not None or rotel.poll() is not None:
                 raise AssertionError(f"the gateway exited: {exporter.poll()}, rotel {rotel.poll()}")

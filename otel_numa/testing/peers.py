@@ -59,20 +59,22 @@ def listening_ports(pid: int) -> set[int]:
 def start_on_free_ports(
     start: Callable[[tuple[int, ...]], subprocess.Popen[bytes]],
     count: int,
-    ready: Callable[[tuple[int, ...]], bool],
     what: str,
+    ready: Callable[[tuple[int, ...]], bool] | None = None,
     timeout_s: float = 30,
 ) -> tuple[subprocess.Popen[bytes], tuple[int, ...]]:
     """``start`` a server on ``count`` free ports, waiting until it listens on all of them itself and
-    ``ready`` says so; started again on other ports when it exited because another program took one (see
-    :data:`PORT_TRIES`). A server that exited for another reason is handed back as it is, for its caller
-    to report."""
+    ``ready`` (when given) says so; started again on other ports when it exited because another program
+    took one (see :data:`PORT_TRIES`). A server that exited for another reason is handed back as it is,
+    for its caller to report."""
     for _ in range(PORT_TRIES):
         ports = tuple(free_port() for _ in range(count))
         process = start(ports)
 
         def listening(process: subprocess.Popen[bytes] = process, ports: tuple[int, ...] = ports) -> bool:
-            return process.poll() is not None or (set(ports) <= listening_ports(process.pid) and ready(ports))
+            return process.poll() is not None or (
+                set(ports) <= listening_ports(process.pid) and (ready is None or ready(ports))
+            )
 
         try:
             wait_for(listening, timeout_s, what)
@@ -83,10 +85,6 @@ def start_on_free_ports(
         if not taken:
             return process, ports
     raise AssertionError(f"{what}: another program took its free ports {PORT_TRIES} times")
-
-
-def _always(_ports: tuple[int, ...]) -> bool:
-    return True
 
 
 def _listened(port: int) -> bool:
@@ -203,7 +201,7 @@ def run_agent(
         return http_get(f"http://127.0.0.1:{ports[0]}/readyz")[0] == 200
 
     try:
-        process, ports = start_on_free_ports(start, 2 if prometheus else 1, ready, "the agent to be ready")
+        process, ports = start_on_free_ports(start, 2 if prometheus else 1, "the agent to be ready", ready)
     except AssertionError as error:
         logs = "\n".join(path.read_text(errors="replace") for path in sorted(tmp_path.glob("agent-*.log")))
         raise AssertionError(f"agent did not start ({error}); logs:\n{logs[-4000:]}") from None
@@ -324,7 +322,7 @@ def run_prometheus(
     def ready(ports: tuple[int, ...]) -> bool:
         return http_get(f"http://127.0.0.1:{ports[0]}/-/ready")[0] == 200
 
-    process, (port,) = start_on_free_ports(start, 1, ready, "prometheus to be ready")
+    process, (port,) = start_on_free_ports(start, 1, "prometheus to be ready", ready)
     prom = Prometheus(port, process)
     try:
         if process.poll() is not None:
@@ -474,7 +472,7 @@ def run_rotel(tmp_path: Path, verbosity: str = "detailed") -> Iterator[Rotel]:
         flags = ("--exporter=blackhole", "--debug-log=metrics", f"--debug-log-verbosity={verbosity}")
         return start_rotel(tmp_path, ports, (*flags, "--metrics-batch-timeout=10ms"), ".log")
 
-    process, (grpc_port, http_port) = start_on_free_ports(start, 2, _always, "rotel to listen", 20)
+    process, (grpc_port, http_port) = start_on_free_ports(start, 2, "rotel to listen", timeout_s=20)
     log_path = tmp_path / f"rotel-{grpc_port}.log"
     rotel = Rotel(grpc_port, http_port, log_path, process)
     try:

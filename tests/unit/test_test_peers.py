@@ -41,7 +41,7 @@ def test_a_server_whose_port_was_taken_is_started_again_on_another(
         started.append(ports)
         return http_server(ports)
 
-    process, (port,) = start_on_free_ports(start, 1, lambda _ports: True, "the server")
+    process, (port,) = start_on_free_ports(start, 1, "the server")
     try:
         assert started[0] == (stranger,) and len(started) == 2
         assert port != stranger and process.poll() is None
@@ -54,11 +54,11 @@ def test_a_server_that_fails_for_another_reason_is_handed_back_as_it_is() -> Non
     def start(_ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
 
-    process, _ports = start_on_free_ports(start, 2, lambda _ports: True, "the server")
+    process, _ports = start_on_free_ports(start, 2, "the server")
     assert process.poll() == 3
 
 
 def test_ports_taken_every_time_fail_with_the_reason(stranger: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(peers, "free_port", lambda: stranger)
     with pytest.raises(AssertionError, match="another program took its free ports 3 times"):
-        start_on_free_ports(http_server, 1, lambda _ports: True, "the server")
+        start_on_free_ports(http_server, 1, "the server")
