@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_numa.testing.fault_sweep import SWEEP_SUMMARY
+from otel_numa.testing.fault_sweep import SWEEP_SUMMARY, sweep_summary
 from otel_numa.testing.hwloc import extract_snapshot
 from otel_numa.testing.podresources_server import PodResourcesServer, short_socket_dir
 
@@ -45,14 +45,17 @@ def _one_container_engine_module(request: pytest.FixtureRequest) -> Iterator[Non
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """The fault sweep's counts, shown in every run's output (not only with ``-rA``)."""
-    for reports in terminalreporter.stats.values():
-        for report in reports:
-            if getattr(report, "when", None) != "call":
-                continue
-            for name, value in getattr(report, "user_properties", ()):
-                if name == SWEEP_SUMMARY:
-                    terminalreporter.write_line(str(value))
+    """The fault sweep's counts, all trees together, shown in every run's output (not only with ``-rA``)."""
+    counts = [
+        tuple(value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == SWEEP_SUMMARY
+    ]
+    if counts:
+        terminalreporter.write_line(sweep_summary(counts))
 
 
 @pytest.fixture

@@ -35,9 +35,17 @@ GARBAGE = b"?\xff garbage -1 x\n"
 SeriesKey = tuple[str, frozenset[tuple[str, str]]]
 Exposition = dict[SeriesKey, float]
 
-# The name of the test report property that says what the sweep ran (tests/conftest.py prints it in the
-# terminal summary; a report's properties reach the summary from parallel workers too).
+# The name of the test report property that says what the sweep of one tree ran: (variants, files, variants
+# counted as errors). tests/conftest.py adds the trees up in the terminal summary (a report's properties
+# reach it from parallel workers too).
 SWEEP_SUMMARY = "fault sweep"
+
+
+def sweep_summary(counts: Sequence[tuple[int, int, int]]) -> str:
+    """The run's line for the sweeps of ``counts`` (one per tree)."""
+    variants, files, counted = (sum(column) for column in zip(*counts, strict=True)) if counts else (0, 0, 0)
+    ran = f"fault sweep: {variants} variants over {len(counts)} trees ({files} files)"
+    return f"{ran}, {counted} of them counted as errors"
 
 
 def truncate(data: bytes) -> bytes:

@@ -14,8 +14,9 @@ empty, garbage, truncated (cut inside a line) and a directory, one at a time. Ea
 
 "Depends on" is :func:`cost_of`, written from the table "What a broken file costs" of
 docs/decisions/collection.md, not from the code. Files are sampled deterministically: every kind of file
-the agent reads (``nodeN/meminfo``, ``cpuN/online``, ...) twice per tree, and three files per tree that it
-does not read.
+the agent reads (``nodeN/meminfo``, ``cpuN/online``, ...) twice per tree (once on the large node, whose
+kinds are the snapshots' own), and three files per tree that it does not read. Each tree is a test of its
+own.
 """
 
 from __future__ import annotations
@@ -239,29 +240,27 @@ def sample(top: Path, candidates: list[str], per_read_kind: int, unread: int) ->
     return chosen + pick(ignored, unread, str(top.name))
 
 
-@pytest.fixture(scope="module")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> list[Tree]:
-    base = tmp_path_factory.mktemp("sweep")
-    found: list[Tree] = []
-    for name in snapshot_names():
-        top = extract_snapshot(name, base)
-        kubelet = top / "kubelet"
-        kubelet.mkdir()
-        files = [name for name in files_under(top, SWEPT)]
-        found.append(Tree(name, top, _args(top, kubelet), sample(top, files, per_read_kind=2, unread=3)))
-    found.append(_devices_tree(base))
-    # the largest machine (16 nodes, 1,024 CPUs), with fewer pods than the default to keep each run short
-    large = write_large_node(base / "large", LargeNodeSpec(pods=50, cgroups=False))
-    files = files_under(large.root, SWEPT)
-    found.append(
-        Tree(
-            "large-node",
-            large.root,
-            _args(large.root, large.kubelet_root),
-            [*sample(large.root, files, per_read_kind=2, unread=3), *(f"kubelet/{n}" for n in KUBELET_FILES)],
-        )
-    )
-    return found
+LARGE_NODE = "large-node"
+DEVICES_TREE = "h200-devices"
+TREE_NAMES = [*snapshot_names(), DEVICES_TREE, LARGE_NODE]
+
+
+def build_tree(name: str, base: Path) -> Tree:
+    """One tree of the sweep under ``base``, with its sample of files."""
+    if name == DEVICES_TREE:
+        return _devices_tree(base)
+    if name == LARGE_NODE:
+        # the largest machine (16 nodes, 1,024 CPUs), with fewer pods than the default to keep each run
+        # short, and one file of each kind: its kinds are the snapshots' kinds, its point is its size
+        large = write_large_node(base / "large", LargeNodeSpec(pods=50, cgroups=False))
+        files = sample(large.root, files_under(large.root, SWEPT), per_read_kind=1, unread=3)
+        kubelet_files = [f"kubelet/{n}" for n in KUBELET_FILES]
+        return Tree(name, large.root, _args(large.root, large.kubelet_root), [*files, *kubelet_files])
+    top = extract_snapshot(name, base)
+    kubelet = top / "kubelet"
+    kubelet.mkdir()
+    files = files_under(top, SWEPT)
+    return Tree(name, top, _args(top, kubelet), sample(top, files, per_read_kind=2, unread=3))
 
 
 def _devices_tree(base: Path) -> Tree:
@@ -271,7 +270,7 @@ def _devices_tree(base: Path) -> Tree:
     functions = files_under(tree.top, ["sys/bus/pci/devices"])
     others = sample(tree.top, sorted(set(functions) - set(tree.placed_files)), per_read_kind=1, unread=2)
     args = [*_args(tree.top, tree.kubelet), "--cdi-spec-dirs", str(tree.cdi)]
-    return Tree("h200-devices", tree.top, args, [*tree.placed_files, *others, *tree.state_files])
+    return Tree(DEVICES_TREE, tree.top, args, [*tree.placed_files, *others, *tree.state_files])
 
 
 def test_dependency_rule_reads_the_readme_table(tmp_path: Path) -> None:
@@ -329,33 +328,34 @@ def test_the_comparison_catches_a_wrong_number(tmp_path: Path, quiet_logging: No
     ]
 
 
-def test_fault_sweep(trees: list[Tree], quiet_logging: None, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("tree_name", TREE_NAMES)
+def test_fault_sweep(
+    tree_name: str, tmp_path: Path, quiet_logging: None, request: pytest.FixtureRequest
+) -> None:
+    """Each tree is its own test, so that parallel workers share the sweep; tests/conftest.py adds their
+    counts up in the run's summary."""
+    tree = build_tree(tree_name, tmp_path)
     failures: list[str] = []
     variants = 0
     counted = 0
-    for tree in trees:
-        status, clean_text = run_once(tree.args)
-        assert status == 0, f"{tree.name}: clean run exited {status}"
-        assert ("numa_node_count", frozenset()) in parse(clean_text), tree.name
-        for relative in tree.files:
-            cost = cost_of(tree.top, relative)
-            for variant in VARIANTS:
-                restore = damage(tree.top / relative, variant)
-                try:
-                    status, text = run_once(tree.args)
-                finally:
-                    restore()
-                variants += 1
-                where = f"{tree.name}: {relative} {variant}"
-                if status != 0:
-                    failures.append(f"{where}: exit status {status}")
-                    continue
-                found = problems(cost, variant, *changed(clean_text, text))
-                failures += [f"{where}: {problem}" for problem in found]
-                counted += cost.read and variant != "missing"
-    summary = (
-        f"fault sweep: {variants} variants over {len(trees)} trees "
-        f"({sum(len(tree.files) for tree in trees)} files), {counted} of them counted as errors"
-    )
-    request.node.user_properties.append((SWEEP_SUMMARY, summary))
+    status, clean_text = run_once(tree.args)
+    assert status == 0, f"{tree.name}: clean run exited {status}"
+    assert ("numa_node_count", frozenset()) in parse(clean_text), tree.name
+    for relative in tree.files:
+        cost = cost_of(tree.top, relative)
+        for variant in VARIANTS:
+            restore = damage(tree.top / relative, variant)
+            try:
+                status, text = run_once(tree.args)
+            finally:
+                restore()
+            variants += 1
+            where = f"{tree.name}: {relative} {variant}"
+            if status != 0:
+                failures.append(f"{where}: exit status {status}")
+                continue
+            found = problems(cost, variant, *changed(clean_text, text))
+            failures += [f"{where}: {problem}" for problem in found]
+            counted += cost.read and variant != "missing"
+    request.node.user_properties.append((SWEEP_SUMMARY, (variants, len(tree.files), counted)))
     assert not failures, f"{len(failures)} problems, first ones:\n" + "\n".join(failures[:40])
