@@ -75,11 +75,13 @@ def kubelet_dir(tmp_path: Path, name: str = "kubelet") -> Path:
 
 
 def rewrite(root: Path, exclusive: set[int]) -> float:
-    """Rewrite the CPU manager checkpoint as the kubelet does; returns when the rename was done."""
+    """Rewrite the CPU manager checkpoint as the kubelet does; returns when the write began (on a loaded
+    machine this thread may get the CPU back only after the watcher has called back for the rename)."""
+    began = time.monotonic()
     write_cpu_manager_state(
         root / "cpu_manager_state", "static", set(range(8)) - exclusive, {"pod-1": {"app": exclusive}}
     )
-    return time.monotonic()
+    return began
 
 
 def wait_watching(watcher: CheckpointWatcher, started_before: int = 0) -> None:
