@@ -22,6 +22,11 @@ KINDS = ("unit", "agent", "e2e", "deploy")
 ONE_ENGINE = frozenset({"test_image.py", "test_deploy_stack.py"})
 ENGINE_LOCK = Path(os.environ.get("OTEL_NUMA_TEST_ENGINE_LOCK", "/tmp/otel-numa-tests-container-engine.lock"))
 
+# Modules whose module-scoped fixture takes seconds (a fleet of agents with a gateway and two Prometheus
+# servers, an agent with its collector, the chart rendered by helm): each runs on one worker, so that the
+# fixture is set up once, not once on every worker that gets one of its tests.
+ONE_WORKER = frozenset({"test_fleet.py", "test_fresh_push.py", "test_helm_chart.py"})
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,6 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(kind)
         if item.path.name in ONE_ENGINE:
             item.add_marker(pytest.mark.xdist_group("container-engine"))
+        elif item.path.name in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,5 +1,6 @@
 """How scripts/test.sh runs the suite: the container-engine modules share one worker, so that no worker
-waits for another's turn at the engine (tests/conftest.py), whatever pytest and xdist releases are pinned."""
+waits for another's turn at the engine, and each module with a costly module-scoped fixture runs on one
+worker, which sets it up once (tests/conftest.py), whatever pytest and xdist releases are pinned."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ONE_ENGINE
+from tests.conftest import ONE_ENGINE, ONE_WORKER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,10 +21,10 @@ def test_{number}(worker_id):
 """
 
 
-def test_the_container_engine_modules_run_on_one_worker(tmp_path: Path) -> None:
+def test_the_container_engine_modules_and_costly_fixtures_run_on_one_worker(tmp_path: Path) -> None:
     shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the root, not the repository
-    for module in ONE_ENGINE:
+    for module in ONE_ENGINE | ONE_WORKER:
         tests = (ENGINE_MODULE.format(number=number, module=module) for number in range(6))
         (tmp_path / module).write_text("".join(tests))
     (tmp_path / "test_other.py").write_text(
@@ -54,6 +55,11 @@ def test_the_container_engine_modules_run_on_one_worker(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = (tmp_path / "workers.txt").read_text().split()
-    modules, workers = set(lines[0::2]), set(lines[1::2])
-    assert modules == ONE_ENGINE and len(lines) == 2 * 6 * len(ONE_ENGINE)
-    assert len(workers) == 1, f"the container-engine tests ran on {sorted(workers)}"
+    workers_of: dict[str, set[str]] = {}
+    for module, worker in zip(lines[0::2], lines[1::2], strict=True):
+        workers_of.setdefault(module, set()).add(worker)
+    assert set(workers_of) == ONE_ENGINE | ONE_WORKER and len(lines) == 2 * 6 * len(workers_of)
+    engine_workers = set().union(*(workers_of[module] for module in ONE_ENGINE))
+    assert len(engine_workers) == 1, f"the container-engine tests ran on {sorted(engine_workers)}"
+    spread = {module: sorted(workers) for module, workers in workers_of.items() if len(workers) > 1}
+    assert not spread, f"modules whose tests ran on more than one worker: {spread}"
