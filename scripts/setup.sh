@@ -52,9 +52,16 @@ extras=""
 stamp=".venv/.installed$extras"
 digest="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-    # the exact releases of constraints.txt: the ones the agent (and its accelerated path) was proven on
-    .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".$extras"
+    pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+    "${pip[@]}" --upgrade pip >/dev/null
+    # the exact releases of constraints.txt: the ones the agent (and its accelerated path) was proven on.
+    # uv installs them in seconds where pip takes most of a minute; uv reads no pip.conf, so where it
+    # cannot reach the index pip does the work.
+    "${pip[@]}" -c constraints.txt uv >/dev/null
+    if ! .venv/bin/python -m uv pip install -q --python .venv/bin/python -c constraints.txt -e ".$extras"; then
+        echo "setup: uv could not install the packages; installing them with pip" >&2
+        "${pip[@]}" -c constraints.txt -e ".$extras"
+    fi
     echo "$digest" > "$stamp"
 fi
 
