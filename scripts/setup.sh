@@ -56,9 +56,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     "${pip[@]}" --upgrade pip >/dev/null
     # the exact releases of constraints.txt: the ones the agent (and its accelerated path) was proven on.
     # uv installs them in seconds where pip takes most of a minute; uv reads no pip.conf, so where it
-    # cannot reach the index pip does the work.
+    # cannot reach the index pip does the work. Both compile the modules now: with PYTHONDONTWRITEBYTECODE
+    # set, every process would compile them again at each start.
     "${pip[@]}" -c constraints.txt uv >/dev/null
-    if ! .venv/bin/python -m uv pip install -q --python .venv/bin/python -c constraints.txt -e ".$extras"; then
+    uv=(.venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python)
+    if ! "${uv[@]}" -c constraints.txt -e ".$extras"; then
         echo "setup: uv could not install the packages; installing them with pip" >&2
         "${pip[@]}" -c constraints.txt -e ".$extras"
     fi
