@@ -42,8 +42,8 @@ SWEEP_SUMMARY = "fault sweep"
 
 
 def sweep_summary(counts: Sequence[tuple[int, int, int]]) -> str:
-    """The run's line for the sweeps of ``counts`` (one per tree)."""
-    variants, files, counted = (sum(column) for column in zip(*counts, strict=True)) if counts else (0, 0, 0)
+    """The run's line for the sweeps of ``counts`` (one per tree swept, at least one)."""
+    variants, files, counted = (sum(column) for column in zip(*counts, strict=True))
     ran = f"fault sweep: {variants} variants over {len(counts)} trees ({files} files)"
     return f"{ran}, {counted} of them counted as errors"
 
