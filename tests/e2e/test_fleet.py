@@ -29,6 +29,9 @@ RULES = REPO / "config" / "prometheus" / "otel-numa.rules.yaml"
 DASHBOARDS = REPO / "config" / "grafana" / "dashboards"
 CLUSTER = DASHBOARDS / "otel-numa-cluster.json"
 SHAPES = ("general", "gpu", "memory-bound", "cpu-bound")
+# Also each scrape's timeout. A scrape that times out marks every series of its target stale at once, and
+# the gateway's stand-in renders the four nodes' page in Python: on two loaded cores that took over 1 s.
+SCRAPE_INTERVAL = "3s"
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +49,13 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, Pro
                 "--interval=1",
             ],
         ) as agents,
-        run_prometheus(tmp, [agent.target for agent in agents], rule_files=[RULES], name="pull") as pull,
+        run_prometheus(
+            tmp, [agent.target for agent in agents], SCRAPE_INTERVAL, rule_files=[RULES], name="pull"
+        ) as pull,
         run_prometheus(
             tmp,
             [],
+            SCRAPE_INTERVAL,
             extra_jobs=[ScrapeJob("gateway", [gateway.page_target], honor_labels=True)],
             rule_files=[RULES],
             name="push",
