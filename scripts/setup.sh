@@ -56,10 +56,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
     "${pip[@]}" --upgrade pip >/dev/null
     # the exact releases of constraints.txt: the ones the agent (and its accelerated path) was proven on.
     # uv installs them in seconds where pip takes most of a minute; uv reads no pip.conf, so where it
-    # cannot reach the index pip does the work. Both compile the modules now: with PYTHONDONTWRITEBYTECODE
-    # set, every process would compile them again at each start.
+    # cannot reach the index pip does the work. uv trusts the system's certificates, as pip does (a proxy's
+    # CA installed there). Both compile the modules now: with PYTHONDONTWRITEBYTECODE set, every process
+    # would compile them again at each start.
     "${pip[@]}" -c constraints.txt uv >/dev/null
-    uv=(.venv/bin/python -m uv pip install -q --compile-bytecode --python .venv/bin/python)
+    uv=(.venv/bin/python -m uv pip install -q --system-certs --compile-bytecode --python .venv/bin/python)
     if ! "${uv[@]}" -c constraints.txt -e ".$extras"; then
         echo "setup: uv could not install the packages; installing them with pip" >&2
         "${pip[@]}" -c constraints.txt -e ".$extras"
