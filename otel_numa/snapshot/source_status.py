@@ -40,7 +40,9 @@ class SourceReport:
 
 class SourceTracker:
     def __init__(self, name: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.name = name
+        # the value itself, never a Source member: the health series' attributes must be plain strings to
+        # be kept as one flat tuple (otel_numa.series_attributes), or every collection copies them anew
+        self.name = str(name)
         self._clock = clock
         self._lock = threading.Lock()
         self._last_good: float | None = None

@@ -3,16 +3,21 @@ dict for life, whatever its value and wherever it is listed, and numbers OTLP ca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from otel_numa.instruments import health
 from otel_numa.instruments.base import Instruments, Point
-from otel_numa.instruments.catalogue import METRICS
+from otel_numa.instruments.catalogue import BY_NAME, METRICS
 from otel_numa.instruments.observations import Observations
-from otel_numa.series_attributes import series_maker
+from otel_numa.model import Allocation, Source
+from otel_numa.series_attributes import SeriesAttributes, series_maker
+from otel_numa.snapshot.source_status import SourceRegistry
 from otel_numa.snapshot.store import Snapshot, SnapshotStore
+from otel_numa.sources.errors import SourceCorrupt
 
 Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
@@ -130,3 +135,33 @@ def test_series_made_by_a_series_maker_keep_their_first_mapping_when_one_in_the_
         last = observed
     again = observe("b", "x", "c")
     assert again.attributes is observe("b", "x", "c").attributes
+
+
+class FixedStore:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def current(self) -> Snapshot:
+        return self._snapshot
+
+
+def test_the_health_series_of_every_source_are_flat_attribute_tuples() -> None:
+    """Sources are named by an enum; a member as an attribute value is not a plain string, and the series
+    would be copied by the SDK's own code at every collection instead of kept as one tuple."""
+    registry = SourceRegistry()
+    for source in Source:
+        tracker = registry.tracker(source)
+        with tracker.timed():
+            tracker.failed(SourceCorrupt("bad"))
+        tracker.succeeded()
+    snapshot = Snapshot(time.monotonic(), None, Allocation(), registry.reports())
+    meter = RecordingMeter()
+    instruments = Instruments(cast(Any, meter), cast(SnapshotStore, FixedStore(snapshot)))
+    names = ("numa.agent.source.errors", "numa.agent.source.age", "numa.agent.source.duration")
+    for name in (*names, "numa.agent.source.success"):
+        instruments.add(BY_NAME[name], health.OBSERVERS[name])
+    for callback in meter.callbacks:
+        made = callback(CallbackOptions())
+        assert isinstance(made, Observations)
+        assert len(made.attributes) >= len(Source)
+        assert {type(attributes) for attributes in made.attributes} == {SeriesAttributes}
