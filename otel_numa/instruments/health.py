@@ -7,51 +7,61 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from otel_numa.instruments.base import Observe, Point
-from otel_numa.series_attributes import EMPTY_ATTRIBUTES
+from otel_numa.series_attributes import EMPTY_ATTRIBUTES, series_attributes, series_maker
 from otel_numa.snapshot.store import Snapshot
 
 SOURCE = "numa.source"
 STAGE = "numa.stage"
+EXPORTER = "numa.exporter"
+
+# the series' attributes made as the flat tuples the instruments keep: these series are observed again at
+# every collection (their values are times and ages), and a tuple is compared with last time's in one step
+_by_source = series_maker({}, (SOURCE,))
+_by_source_and_error = series_maker({}, (SOURCE, "error.type"))
+_by_stage = series_maker({}, (STAGE,))
+_user, _system = (series_attributes({"cpu.mode": mode}) for mode in ("user", "system"))
+_otlp = series_attributes({EXPORTER: "otlp"})
+_by_otlp_error = series_maker({EXPORTER: "otlp"}, ("error.type",))
 
 
 def _errors(snapshot: Snapshot) -> Iterator[Point]:
     for report in snapshot.sources:
         for error_type, count in report.errors.items():
             if count or report.present:  # a source that does not exist has no zero counters
-                yield count, {SOURCE: report.name, "error.type": error_type}
+                yield count, _by_source_and_error(report.name, error_type)
 
 
 def _ages(snapshot: Snapshot) -> Iterator[Point]:
     for name, age in snapshot.source_ages().items():
-        yield age, {SOURCE: name}
+        yield age, _by_source(name)
 
 
 def _durations(snapshot: Snapshot) -> Iterator[Point]:
     for report in snapshot.sources:
         if report.last_duration_s is not None and report.present:
-            yield report.last_duration_s, {SOURCE: report.name}
+            yield report.last_duration_s, _by_source(report.name)
 
 
 def _success(snapshot: Snapshot) -> Iterator[Point]:
     for report in snapshot.sources:
         if report.last_ok is not None:
-            yield int(report.last_ok), {SOURCE: report.name}
+            yield int(report.last_ok), _by_source(report.name)
 
 
 def _stage_durations(snapshot: Snapshot) -> Iterator[Point]:
     for stage in snapshot.stages:
-        yield stage.last_duration_s, {STAGE: stage.name}
+        yield stage.last_duration_s, _by_stage(stage.name)
 
 
 def _stage_success(snapshot: Snapshot) -> Iterator[Point]:
     for stage in snapshot.stages:
-        yield int(stage.last_ok), {STAGE: stage.name}
+        yield int(stage.last_ok), _by_stage(stage.name)
 
 
 def _process_cpu(snapshot: Snapshot) -> Iterator[Point]:
     if snapshot.process is not None:
-        yield snapshot.process.cpu_user_s, {"cpu.mode": "user"}
-        yield snapshot.process.cpu_system_s, {"cpu.mode": "system"}
+        yield snapshot.process.cpu_user_s, _user
+        yield snapshot.process.cpu_system_s, _system
 
 
 def _process_memory(snapshot: Snapshot) -> Iterator[Point]:
@@ -105,32 +115,27 @@ class Pushes(Protocol):
     def age_s(self) -> float: ...
 
 
-EXPORTER = "numa.exporter"
-
-
 def export_observers(pushes: Pushes) -> dict[str, Observe]:
     """``numa.agent.export.failures`` and ``.duration``: what the OTLP pushes did (the only push exporter
     they describe); they change with :attr:`Pushes.generation` only. ``.age`` is
     :func:`export_age_observers`'."""
-    otlp = {EXPORTER: "otlp"}
 
     def _failures(_snapshot: Snapshot) -> Iterator[Point]:
         for error_type, count in pushes.failures().items():
-            yield count, {EXPORTER: "otlp", "error.type": error_type}
+            yield count, _by_otlp_error(error_type)
 
     def _duration(_snapshot: Snapshot) -> Iterator[Point]:
         duration = pushes.last_duration_s
         if duration is not None:
-            yield duration, otlp
+            yield duration, _otlp
 
     return {"numa.agent.export.failures": _failures, "numa.agent.export.duration": _duration}
 
 
 def export_age_observers(pushes: Pushes) -> dict[str, Observe]:
     """``numa.agent.export.age``: seconds since the collector last accepted a push."""
-    otlp = {EXPORTER: "otlp"}
 
     def _age(_snapshot: Snapshot) -> Iterator[Point]:
-        yield pushes.age_s(), otlp
+        yield pushes.age_s(), _otlp
 
     return {"numa.agent.export.age": _age}
