@@ -146,8 +146,8 @@ class FixedStore:
 
 
 def test_the_health_series_of_every_source_are_flat_attribute_tuples() -> None:
-    """Sources are named by an enum; a member as an attribute value is not a plain string, and the series
-    would be copied by the SDK's own code at every collection instead of kept as one tuple."""
+    """Sources are named by an enum; a member as an attribute value is not a plain string: the series would
+    be copied by the SDK's own code at every collection instead of kept as one tuple."""
     registry = SourceRegistry()
     for source in Source:
         tracker = registry.tracker(source)
@@ -165,3 +165,6 @@ def test_the_health_series_of_every_source_are_flat_attribute_tuples() -> None:
         assert isinstance(made, Observations)
         assert len(made.attributes) >= len(Source)
         assert {type(attributes) for attributes in made.attributes} == {SeriesAttributes}
+        values = {value for attributes in made.attributes for value in attributes.values()}
+        assert {type(value) for value in values} == {str}  # exactly: not the enum's members
+        assert {str(source) for source in Source} <= values
