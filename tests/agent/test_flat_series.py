@@ -6,7 +6,7 @@ makers' contract: the page and the pushes stay right, only slower, so no other t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,6 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
+from otel_numa.export.otlp_deadline import FAILED, PushRecord
 from otel_numa.instruments import register_instruments
 from otel_numa.instruments.observations import Observations
 from otel_numa.series_attributes import SeriesAttributes
@@ -35,19 +36,6 @@ class NamingMeter:
     create_observable_counter = create_observable_gauge
 
 
-class OnePush:
-    """A push record after one failed and one accepted push."""
-
-    last_duration_s = 0.25
-    generation = object()
-
-    def failures(self) -> Mapping[str, int]:
-        return {"unavailable": 1}
-
-    def age_s(self) -> float:
-        return 1.5
-
-
 def test_every_series_of_every_metric_is_a_flat_tuple(tmp_path: Path) -> None:
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
@@ -56,7 +44,9 @@ def test_every_series_of_every_metric_is_a_flat_tuple(tmp_path: Path) -> None:
     try:
         agent.refresh_background()
         meter = NamingMeter()
-        options, pushes = agent.options, OnePush()
+        options, pushes = agent.options, PushRecord("http://collector:4317")
+        pushes.failed(FAILED, 0.5)
+        pushes.accepted(0.25)
         register_instruments(
             cast(Any, meter), agent.store, options.metrics, options.node_name, fast_path=True, pushes=pushes
         )
