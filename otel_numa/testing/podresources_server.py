@@ -175,14 +175,19 @@ class PodResourcesServer(UnixGrpcServer):
         pb_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), server)
 
 
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
 def run_until_signalled(server: UnixGrpcServer) -> None:
-    """Serve until SIGTERM or SIGINT, after printing ``ready`` for the parent process."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    """Serve until SIGTERM or SIGINT, after printing ``ready`` for the parent process.
+
+    The signals are blocked before gRPC makes its threads (which inherit the mask) and the main thread takes
+    them with ``sigwait``: with a Python handler, the kernel may hand the signal to one of gRPC's threads,
+    and the handler then waits for a main thread asleep on a lock that nothing interrupts."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     server.start()
     print("ready", flush=True)
-    stop.wait()
+    signal.sigwait(STOP_SIGNALS)
     server.stop()
 
 
