@@ -41,6 +41,7 @@ if [ $want_test -eq 1 ]; then
         "command -v lstopo-no-graphics:hwloc-nox"
         "command -v strace:strace"
         "command -v openssl:openssl"
+        "command -v curl:curl"
     )
 fi
 mapfile -t packages < <(missing_packages "${wanted[@]}")

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from otel_numa.endpoints.connection_failures import ConnectionFailures, kind_of
-from otel_numa.endpoints.metrics_page import GZIP_LEVEL, MetricsServer
+from otel_numa.endpoints.metrics_page import MetricsServer
 from otel_numa.endpoints.serving import MAX_WORKERS
+from otel_numa.gzip_stream import GZIP_LEVEL
 from otel_numa.testing.peers import voluntary_switches
 
 PROMETHEUS_ACCEPT = (

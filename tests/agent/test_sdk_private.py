@@ -256,6 +256,55 @@ def test_scrapers_asking_for_different_formats_each_get_the_text_kept_for_theirs
     pipeline.shutdown(timeout_s=1)
 
 
+def test_a_gzip_scrape_sends_the_kept_texts_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scraper asking for gzip gets the libraries' page in one gzip member, whose long families are
+    their kept deflate segments byte for byte: a scrape of an unchanged page compresses no text of them
+    again, and one after the counters moved compresses only the families with new values."""
+    import gzip
+
+    from prometheus_client.exposition import choose_encoder
+
+    from otel_numa.export.fast import rendered_families
+    from otel_numa.export.pipeline import build_pipeline
+    from otel_numa.gzip_stream import Segment
+
+    kept = calls_to(monkeypatch, rendered_families, "_kept")  # every family text made or changed
+    streams = calls_to(monkeypatch, rendered_families, "gzip_stream")
+    node, agent = small_node(tmp_path / "node", disable="health")
+    pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus",))
+    assert pipeline.registry is not None
+    app = pipeline.page_app()
+
+    def scrape(accept: str) -> bytes:
+        answer: list[Any] = []
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""}
+        environ |= {"HTTP_ACCEPT": accept, "HTTP_ACCEPT_ENCODING": "gzip, deflate"}
+        body = b"".join(app(environ, lambda status, headers, exc_info=None: answer.append(dict(headers))))
+        assert answer[0]["Content-Encoding"] == "gzip"
+        return body
+
+    formats = ("application/openmetrics-text; version=1.0.0", "text/plain; version=0.0.4")
+    for round_ in range(3):
+        if round_ == 2:
+            node.write_cgroup_usage(1)
+            agent.refresh_background()
+        made = len(kept)
+        for accept in formats:
+            body = scrape(accept)
+            assert gzip.decompress(body) == choose_encoder(accept)[0](pipeline.registry)
+            segments = [part for part in streams[-1][0] if isinstance(part, Segment)]
+            assert len(segments) >= 3 and all(segment.deflated in body for segment in segments)
+        if round_ == 1:
+            assert len(kept) == made  # nothing compressed anew
+        if round_ == 2:
+            changed = {text.split(b" ")[2] for (text,) in kept[made:]}  # "# HELP <name> ..."
+            assert b"numa_container_memory_usage_bytes" in changed
+            assert b"numa_cpu_capacity" not in changed
+    pipeline.shutdown(timeout_s=1)
+
+
 def test_no_private_name_of_the_libraries_is_imported_when_a_module_is_imported() -> None:
     """Module-level imports of the package name no private module or name of the OpenTelemetry packages or
     prometheus_client (a renamed one would stop the agent at start-up), and outside the patches

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import zlib
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from urllib.parse import parse_qs
 
 import prometheus_client.openmetrics.exposition as openmetrics
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.utils import floatToGoString
 
 from otel_numa.export.fast.patch import Patch
@@ -38,15 +37,16 @@ from otel_numa.export.fast.reused_translations import (
     keys_of,
     plain_sample,
 )
+from otel_numa.gzip_stream import Segment, gzip_stream
 
 _EOF = b"# EOF\n"
 _NEWLINE, _COMMENT = ord("\n"), ord("#")
-# zlib's fastest level for the text kept between scrapes: compressed when it changes, decompressed each
-# time it is used
+# zlib's fastest level for the text kept between scrapes: compressed when it changes, then sent as it is in
+# a gzip page and decompressed for a plain one
 KEPT_COMPRESSION_LEVEL = 1
-# a shorter text is kept as it is: compressing one costs ~65 µs whatever its size (zlib sets up its
+# a shorter text is kept as it is: compressing one alone costs ~65 µs whatever its size (zlib sets up its
 # window each time), the price of a family that changes every scrape (the agent's own process and
-# source gauges), to save a few hundred bytes
+# source gauges), to save a few hundred bytes; a gzip page compresses such texts together
 COMPRESSED_FROM_BYTES = 2048
 # forms of the page whose last text is kept: a Prometheus server asks for the same one every time, and
 # two scrapers that ask for different ones (the text format and OpenMetrics, say) must not make every
@@ -56,10 +56,10 @@ KEPT_FORMS = 2
 
 @dataclass
 class _RenderedFamily:
-    # the family's text, compressed when ``packed`` (its label sets repeat from line to line: a twentieth
-    # of the bytes); a scrape decompresses it, which costs a fraction of rendering or compressing it
-    kept: bytes
-    packed: bool
+    # the family's text, compressed when long (its label sets repeat from line to line: a twentieth of the
+    # bytes): a gzip page takes it as it is, a plain one decompresses it, which costs a fraction of
+    # rendering or compressing it
+    kept: bytes | Segment
     # where each sample's value starts in ``text`` (it ends at the line's end); None when the family's
     # lines are not one plain "<series> <value>" line per sample
     value_starts: array[int] | None
@@ -70,14 +70,22 @@ class _RenderedFamily:
 
     @property
     def text(self) -> bytes:
-        return zlib.decompress(self.kept) if self.packed else self.kept
+        kept = self.kept
+        return kept.text() if isinstance(kept, Segment) else kept
 
 
-def _kept(data: bytes) -> tuple[bytes, bool]:
-    """The form in which a family's text is kept between scrapes, and whether it is compressed."""
-    if len(data) < COMPRESSED_FROM_BYTES:
-        return data, False
-    return zlib.compress(data, KEPT_COMPRESSION_LEVEL), True
+def _kept(data: bytes) -> bytes | Segment:
+    """The form in which a family's text is kept between scrapes."""
+    return data if len(data) < COMPRESSED_FROM_BYTES else Segment(data, KEPT_COMPRESSION_LEVEL)
+
+
+# a page as kept texts in order: a gzip page takes them as they are (otel_numa.gzip_stream)
+Page = list[bytes | Segment]
+
+
+def plain(page: Page) -> bytes:
+    """``page``'s text."""
+    return b"".join([part.text() if isinstance(part, Segment) else part for part in page])
 
 
 class RenderedFamilies:
@@ -92,20 +100,22 @@ class RenderedFamilies:
         self._last: dict[tuple[object, ...], dict[str, _RenderedFamily]] = {}
         self._keeping = threading.Lock()
 
-    def text(self, registry: Any, **options: str) -> bytes:
+    def text(self, registry: Any, **options: str) -> Page:
         form = ("text", *sorted(options.items()))
         return self._render(registry, form, lambda one: self.text_encoder(one, **options))
 
-    def openmetrics(self, registry: Any, **options: str) -> bytes:
+    def openmetrics(self, registry: Any, **options: str) -> Page:
         def render(one: OneFamily) -> bytes:
             return self.openmetrics_encoder(one, **options).removesuffix(_EOF)
 
-        return self._render(registry, ("openmetrics", *sorted(options.items())), render) + _EOF
+        page = self._render(registry, ("openmetrics", *sorted(options.items())), render)
+        page.append(_EOF)
+        return page
 
-    def _render(self, registry: Any, form: tuple[object, ...], render: Callable[[OneFamily], bytes]) -> bytes:
+    def _render(self, registry: Any, form: tuple[object, ...], render: Callable[[OneFamily], bytes]) -> Page:
         last = self._last.get(form, {})
         now: dict[str, _RenderedFamily] = {}
-        parts: list[bytes] = []
+        page: Page = []
         for family in registry.collect():
             known = last.get(family.name)
             rendered = _again(known, family) if known is not None else None
@@ -114,13 +124,13 @@ class RenderedFamilies:
             if rendered is None:
                 rendered = _rendered(family, render)
             now[family.name] = rendered
-            parts.append(rendered.text)
+            page.append(rendered.kept)
         with self._keeping:  # two scrapes may end at once
             self._last.pop(form, None)  # then put last: the form asked for most recently
             self._last[form] = now
             if len(self._last) > KEPT_FORMS:
                 del self._last[next(iter(self._last))]  # the form asked for least recently
-        return b"".join(parts)
+        return page
 
 
 def _again(known: _RenderedFamily, family: Any) -> _RenderedFamily | None:
@@ -208,7 +218,7 @@ def _with_new_series(
         value_starts.append(written + len(head))
         written += len(head) + len(number) + 1
         index += 1
-    return _RenderedFamily(*_kept(b"".join(parts)), value_starts, recipe, values, None)
+    return _RenderedFamily(_kept(b"".join(parts)), value_starts, recipe, values, None)
 
 
 def _same_text(before: object, value: object) -> bool:
@@ -245,12 +255,12 @@ def _rendered(family: Any, render: Callable[[OneFamily], bytes]) -> _RenderedFam
         text = family.recipe.render(family.values, render)
         if text is not None:
             starts = _value_starts(text, len(family.values))
-            return _RenderedFamily(*_kept(text), starts, family.recipe, family.values, None)
+            return _RenderedFamily(_kept(text), starts, family.recipe, family.values, None)
         whole = family.whole()  # a slice that is not one plain sample per series: the whole, as it is
         text = render(OneFamily(whole))
-        return _RenderedFamily(*_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
+        return _RenderedFamily(_kept(text), _plain_starts(text, whole), family.recipe, family.values, None)
     text = render(OneFamily(family))
-    return _RenderedFamily(*_kept(text), _plain_starts(text, family), None, None, family)
+    return _RenderedFamily(_kept(text), _plain_starts(text, family), None, None, family)
 
 
 def _plain_starts(text: bytes, family: Any) -> array[int] | None:
@@ -310,16 +320,17 @@ def _with_new_values(
         written += len(number)
         copied_to = end
     parts.append(text[copied_to:])
-    return _RenderedFamily(*_kept(b"".join(parts)), starts, known.recipe, values, family)
+    return _RenderedFamily(_kept(b"".join(parts)), starts, known.recipe, values, family)
 
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def page_app(registry: CollectorRegistry) -> WSGIApp:
-    """prometheus_client's page app for ``registry`` (uncompressed: the server compresses), with a plain
-    GET rendered through :class:`RenderedFamilies`; anything else (OPTIONS, other methods, ``name[]``) is
-    the library's own app's."""
+    """prometheus_client's page app for ``registry``, with a plain GET rendered through
+    :class:`RenderedFamilies` and gzip-compressed here for a client that accepts it (the kept texts go out
+    as they are); anything else (OPTIONS, other methods, ``name[]``) is the library's own app's,
+    uncompressed (the server compresses)."""
     public = make_wsgi_app(registry, disable_compression=True)
     rendered = RenderedFamilies(generate_latest, openmetrics.generate_latest)
 
@@ -332,13 +343,17 @@ def page_app(registry: CollectorRegistry) -> WSGIApp:
         ):
             return public(environ, start_response)  # type: ignore[no-any-return]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
+        page = _render_with(rendered, encoder, registry)
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            start_response("200 OK", [("Content-Type", content_type), ("Content-Encoding", "gzip")])
+            return [gzip_stream(page)]
         start_response("200 OK", [("Content-Type", content_type)])
-        return [_render_with(rendered, encoder, registry)]
+        return [plain(page)]
 
     return app
 
 
-def _render_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], registry: Any) -> bytes:
+def _render_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], registry: Any) -> Page:
     """What ``encoder`` (one of :func:`choose_encoder`'s) writes for ``registry``, reusing unchanged
     families' text when it is one of the two encoders :class:`RenderedFamilies` knows."""
     if isinstance(encoder, functools.partial) and not encoder.args:
@@ -348,7 +363,11 @@ def _render_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], regi
             return rendered.openmetrics(registry, **encoder.keywords)
     if encoder is generate_latest:
         return rendered.text(registry)
-    return encoder(registry)
+    return [encoder(registry)]
+
+
+def _plain_with(rendered: RenderedFamilies, encoder: Callable[..., bytes], registry: Any) -> bytes:
+    return plain(_render_with(rendered, encoder, registry))
 
 
 def _known_encoder(encoder: Callable[..., bytes]) -> bool:
@@ -367,7 +386,7 @@ def _check() -> str | None:
         if not _known_encoder(encoder):  # the page would still be right, but never reuse a family's text
             return f"choose_encoder({accept!r}) gave {encoder!r}, not a partial of a known encoder"
         rendered = RenderedFamilies(generate_latest, openmetrics.generate_latest)
-        why = page_differs(reuse_translations, encoder, functools.partial(_render_with, rendered, encoder))
+        why = page_differs(reuse_translations, encoder, functools.partial(_plain_with, rendered, encoder))
         if why is not None:
             return f"{why} ({accept or 'the default format'})"
     return None
