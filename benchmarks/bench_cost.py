@@ -724,6 +724,13 @@ def summary_rows(results: dict[str, TreeResult]) -> list[SummaryRow]:
             "{:.2f}x",
             unchanged <= UNCHANGED_RATIO_TARGET if key != "8x48" else None,
         )
+        ours_gzip, theirs_gzip = result.gzip
+        add(
+            f"CPU per series vs node_exporter, unchanged, as Prometheus asks (gzip), {name} (no target)",
+            ours_gzip.cpu_per_series_us / theirs_gzip.cpu_per_series_us,
+            "{:.2f}x",
+            None,
+        )
         f = result.fresh
         fresh = (f.cpu_per_scrape_ms[ours.name] / f.series[ours.name]) / (
             f.cpu_per_scrape_ms[theirs.name] / f.series[theirs.name]

@@ -10,9 +10,16 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def call_wsgi(
-    app: WSGIApp, *, accept: str = "", accept_encoding: str = "", method: str = "GET", query: str = ""
+    app: WSGIApp,
+    *,
+    accept: str = "",
+    accept_encoding: str = "",
+    method: str = "GET",
+    query: str = "",
+    gunzip: bool = True,
 ) -> tuple[str, dict[str, str], bytes]:
-    """The status, headers and body (gunzipped when the app gzipped it) of one request to ``app``."""
+    """The status, headers and body (gunzipped when the app gzipped it, unless ``gunzip`` is false) of one
+    request to ``app``."""
     answer: list[Any] = []
 
     def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
@@ -28,6 +35,6 @@ def call_wsgi(
     }
     body = b"".join(app(environ, start_response))
     status, headers = answer
-    if headers.get("Content-Encoding") == "gzip":
+    if gunzip and headers.get("Content-Encoding") == "gzip":
         body = gzip.decompress(body)
     return status, headers, body
