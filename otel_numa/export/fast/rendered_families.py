@@ -6,10 +6,12 @@ series and new values gets the new numbers written into its text (in prometheus_
 format). A family of one line per series whose series came and went (a pod replaced) keeps the lines of
 the series it still has and renders only the new series' lines. Anything else is rendered by
 prometheus_client's public encoders, one family at a time, so the page is byte for byte what they write.
-It requires ``reused_translations`` (it renders the families that patch keeps), relies on two unpromised
-shapes of prometheus_client (its number format helper and the form of :func:`choose_encoder`'s answer),
-and serves only the agent's own page app (:func:`page_app`); prometheus_client's module functions are left
-as they are.
+A long family's text is kept as a deflate segment, which a scrape that asks for gzip gets as it is, inside
+one gzip member (:mod:`otel_numa.gzip_stream`); a plain scrape gets it decompressed. It requires
+``reused_translations`` (it renders the families that patch keeps), relies on two unpromised shapes of
+prometheus_client (its number format helper and the form of :func:`choose_encoder`'s answer), and serves
+only the agent's own page app (:func:`page_app`); prometheus_client's module functions are left as they
+are.
 """
 
 from __future__ import annotations
@@ -394,7 +396,10 @@ def _check() -> str | None:
 
 PATCH = Patch(
     name="rendered_families",
-    replaces="prometheus_client's rendering of every family on every scrape",
+    replaces=(
+        "prometheus_client's rendering of every family on every scrape (and, for a scraper that asks for "
+        "gzip, the compression of the whole page)"
+    ),
     private_names=(
         "prometheus_client.utils.floatToGoString (not exported: the number format of the text encoders)",
         "prometheus_client.exposition.choose_encoder returning functools.partial of generate_latest",
