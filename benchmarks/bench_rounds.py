@@ -2,10 +2,11 @@
 
 In process, on the 2x32 and 8x48 nodes of bench_cost, each export path in a worker process of its own:
 the agent's background round (the cgroup walk and the podresources RPCs, to a test server in another
-process), one OTLP push over gRPC to a real rotel, and one scrape of the page (its WSGI app, in the
-text format), each timed with ``time.process_time`` (every thread of the worker: the snapshot worker, the
-push worker and gRPC's own; the worker runs nothing else). The daemon's heap policy applies. Before each
-cycle the scenario's change is written:
+process), one OTLP push to a real rotel (the agent's own exporter: gRPC, or OTLP/HTTP with ``--protocol
+http/protobuf``; ``--compression gzip`` sets ``OTEL_EXPORTER_OTLP_COMPRESSION``), and one scrape of the
+page (its WSGI app, in the text format), each timed with ``time.process_time`` (every thread of the
+worker: the snapshot worker, the push worker and gRPC's own; the worker runs nothing else). The daemon's
+heap policy applies. Before each cycle the scenario's change is written:
 
 - ``unchanged``: nothing; every file keeps its bytes. On a real node the containers that did not run since
   the last round (a sleeping process, every pod's pause container) keep their cgroup files' bytes too,
@@ -24,6 +25,7 @@ scrape column, not part of the cycle.
     .venv/bin/python -m benchmarks.bench_rounds [--nodes 2x32,8x48] [--paths auto,off] [--cycles 30]
     .venv/bin/python -m benchmarks.bench_rounds --nodes 2x32 --paths auto --profile unchanged:background
     .venv/bin/python -m benchmarks.bench_rounds --agent-tree DIR ...   # another commit's package
+    .venv/bin/python -m benchmarks.bench_rounds --protocol http/protobuf --compression gzip ...
 
 ``--profile SCENARIO:PART`` prints where that part's CPU goes (cProfile, the part's own thread and the
 snapshot and push workers). The table goes to stdout and ``benchmarks/out/rounds.md``.
@@ -148,10 +150,10 @@ class Profiles:
         return text.getvalue()
 
 
-def worker(node_key: str, path: str, cycles: int, work: Path, profile: str | None) -> dict[str, Any]:
+def worker(
+    node_key: str, path: str, cycles: int, work: Path, profile: str | None, protocol: str
+) -> dict[str, Any]:
     """In this process: the agent on the node, the figures of each scenario."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
     from otel_numa.cli.settings import Settings
     from otel_numa.daemon.agent import Agent
     from otel_numa.daemon.heap import HeapPolicy
@@ -165,15 +167,16 @@ def worker(node_key: str, path: str, cycles: int, work: Path, profile: str | Non
     with ExitStack() as stack:
         rotel = stack.enter_context(run_rotel(work, verbosity="basic"))
         socket, state = stack.enter_context(podresources_server(node, work))
-        values = {**node.settings_values(), "podresources_socket": str(socket), "fast_path": path}
+        port = rotel.grpc_port if protocol == "grpc" else rotel.http_port
+        values = {
+            **node.settings_values(),
+            "podresources_socket": str(socket),
+            "fast_path": path,
+            "otlp_endpoint": f"http://127.0.0.1:{port}",
+            "otlp_protocol": protocol,
+        }
         agent = Agent(Settings(**values).to_options(), heap=heap)  # type: ignore[arg-type]
-        endpoint = f"http://127.0.0.1:{rotel.grpc_port}"
-        pipeline = build_pipeline(
-            agent.options,
-            agent.store,
-            exporters=("prometheus", "otlp"),
-            otlp_exporter_factory=lambda _export: OTLPMetricExporter(endpoint=endpoint, insecure=True),
-        )
+        pipeline = build_pipeline(agent.options, agent.store, exporters=("prometheus", "otlp"))
         pipeline.after_push = heap.after_push
         agent.background.live_pods_listener = pipeline.forget_departed
         app = compressing(pipeline.page_app())  # as the page server has it
@@ -246,7 +249,13 @@ def worker(node_key: str, path: str, cycles: int, work: Path, profile: str | Non
 
 
 def run_worker(
-    node: str, path: str, cycles: int, profile: str | None, agent_tree: Path | None
+    node: str,
+    path: str,
+    cycles: int,
+    profile: str | None,
+    agent_tree: Path | None,
+    protocol: str = "grpc",
+    compression: str = "none",
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-rounds-") as temporary:
         out = Path(temporary) / "figures.json"
@@ -259,11 +268,16 @@ def run_worker(
             path,
             str(cycles),
             str(out),
+            protocol,
         ]
         if profile:
             command += ["--profile", profile]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (agent_tree, REPO) if p is not None)
+        env.pop("OTEL_EXPORTER_OTLP_COMPRESSION", None)
+        env.pop("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", None)
+        if compression != "none":
+            env["OTEL_EXPORTER_OTLP_COMPRESSION"] = compression
         # run outside the checkout: ``-m`` puts the working directory first on the path, before the tree
         subprocess.run(command, cwd=temporary, env=env, check=True)
         figures: dict[str, Any] = json.loads(out.read_text())
@@ -299,23 +313,28 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=30, help="measured cycles per scenario")
     parser.add_argument("--profile", help="SCENARIO:PART, e.g. unchanged:background")
     parser.add_argument("--agent-tree", type=Path, help="run the agent from this source tree")
+    parser.add_argument("--protocol", default="grpc", choices=("grpc", "http/protobuf"), help="of the pushes")
+    parser.add_argument("--compression", default="none", choices=("none", "gzip"), help="of the pushes")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.worker:
-        node, path, cycles, out = options.worker
+        node, path, cycles, out, protocol = options.worker
         with tempfile.TemporaryDirectory(prefix="bench-rounds-worker-") as work:
-            figures = worker(node, path, int(cycles), Path(work), options.profile)
+            figures = worker(node, path, int(cycles), Path(work), options.profile, protocol)
         Path(out).write_text(json.dumps(figures))
         return
     agent_tree = options.agent_tree.resolve() if options.agent_tree else None
     who = f"agent from {agent_tree}" if agent_tree else git_head()
-    header = f"{time.strftime('%Y-%m-%d')}, {who}; machine: {machine_details()}"
+    pushes = f"pushes over {options.protocol}, compression {options.compression}"
+    header = f"{time.strftime('%Y-%m-%d')}, {who}; {pushes}; machine: {machine_details()}"
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for node in options.nodes.split(","):
         for path in options.paths.split(","):
             progress(f"{node}, --fast-path {path}: {options.cycles} cycles per change")
-            results[(node, path)] = run_worker(node, path, options.cycles, options.profile, agent_tree)
+            results[(node, path)] = run_worker(
+                node, path, options.cycles, options.profile, agent_tree, options.protocol, options.compression
+            )
             if options.profile:
                 print(results[(node, path)]["profile"])
     text = "\n".join(
