@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.metrics_core import Metric
 
 from otel_numa import __version__
+from otel_numa.export.batches import BatchingExporter
 from otel_numa.export.console import console_exporter
 from otel_numa.export.fast import FastPath, choose
 from otel_numa.export.fast.forget_departed import DepartedSeriesJanitor
@@ -241,9 +242,10 @@ class Pipeline:
                 exporter.shutdown(timeout_millis=timeout_s * 1000)
 
 
-# Points per OTLP request: a larger push goes as several requests. gRPC receivers refuse messages over 4 MiB
-# by default (the OpenTelemetry Collector's otlp receiver, rotel); a point of a container series takes
-# 200-300 bytes, so 10,000 stay under 3 MB. Only nodes of about 800 containers and more are split.
+# Points per OTLP request: a larger push goes as several requests (otel_numa.export.batches). gRPC receivers
+# refuse messages over 4 MiB by default (the OpenTelemetry Collector's otlp receiver, rotel); a point of a
+# container series takes 200-300 bytes, so 10,000 stay under 3 MB. Only nodes of about 800 containers and
+# more are split.
 OTLP_BATCH_POINTS = 10_000
 
 
@@ -258,7 +260,6 @@ def _otlp_exporter(export: ExportOptions) -> MetricExporter:
             insecure=url.startswith("http://"),
             timeout=exporter_timeout_s(export.otlp_timeout_s),
             preferred_temporality=temporality,
-            max_export_batch_size=OTLP_BATCH_POINTS,
         )
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
@@ -270,7 +271,6 @@ def _otlp_exporter(export: ExportOptions) -> MetricExporter:
         timeout=exporter_timeout_s(export.otlp_timeout_s),
         session=otlp_http_session(),
         preferred_temporality=temporality,
-        max_export_batch_size=OTLP_BATCH_POINTS,
     )
 
 
@@ -301,7 +301,11 @@ def build_pipeline(
         push_record = PushRecord(export.otlp_url)
         # a push ends by --otlp-timeout by the wall clock, whatever the collector or the resolver does
         deadline = DeadlineExporter(
-            otlp, export.otlp_timeout_s, push_record, temporality, request_aborter(export.otlp_protocol)
+            BatchingExporter(otlp, OTLP_BATCH_POINTS, temporality),
+            export.otlp_timeout_s,
+            push_record,
+            temporality,
+            request_aborter(export.otlp_protocol),
         )
         push_exporters.append((deadline, temporality))
     if "console" in names:

@@ -131,15 +131,21 @@ def points_of(request: ExportMetricsServiceRequest) -> Iterator[Any]:
 class Both:
     """The two paths side by side over one agent's snapshots, each with a page and an OTLP push."""
 
-    def __init__(self, agent: Agent, over_grpc: bool = False, batch_points: int | None = None) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        over_grpc: bool = False,
+        batch_points: int | None = None,
+        exporter_splits: bool = True,
+    ) -> None:
         """``over_grpc``: each path pushes through the gRPC OTLP exporter to a collector of its own (in
-        requests of ``batch_points``), else the requests are the exporters' encoding of each push."""
+        requests of ``batch_points``: split by the exporter, or by the agent when not
+        ``exporter_splits``), else the requests are the exporters' encoding of each push."""
         self.agent = agent
         self.batch_points = batch_points
+        given = batch_points if exporter_splits else None  # the exporters' max_export_batch_size
         self.recorders: tuple[Recorder | GrpcCollector, ...] = (
-            (GrpcCollector(batch_points), GrpcCollector(batch_points))
-            if over_grpc
-            else (Recorder(), Recorder())
+            (GrpcCollector(given), GrpcCollector(given)) if over_grpc else (Recorder(), Recorder())
         )
         self.pipelines: list[Pipeline] = []
         for path, recorder in zip((choose("auto"), PUBLIC), self.recorders, strict=True):
@@ -198,13 +204,20 @@ class Both:
         return fast.reused() if isinstance(fast, GrpcCollector) else 0
 
 
-def test_a_push_split_in_batches_reuses_each_batchs_request(tmp_path: Path) -> None:
-    """A push of more points than the exporter's max_export_batch_size goes as several requests: on the
-    fast path each batch's request is written anew from its own kept one, the same as the public path's."""
+@pytest.mark.parametrize("split_by", ["agent", "exporter"])
+def test_a_push_split_in_batches_reuses_each_batchs_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_by: str
+) -> None:
+    """A push of more points than a request may hold goes as several requests, split by the agent (as its
+    pushes are: otel_numa.export.batches) or by an exporter given max_export_batch_size: on the fast path
+    each batch's request is written anew from its own kept one, the same as the public path's."""
+    from otel_numa.export import pipeline
+
+    monkeypatch.setattr(pipeline, "OTLP_BATCH_POINTS", 50 if split_by == "agent" else 10_000)
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent, over_grpc=True, batch_points=50)
+    both = Both(agent, over_grpc=True, batch_points=50, exporter_splits=split_by == "exporter")
     try:
         agent.refresh_background()
         both.compare("first")
