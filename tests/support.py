@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.sdk.metrics.export import MetricExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,3 +51,13 @@ def generations(node: Any, agent: Any) -> Iterator[int]:
             shutil.rmtree(next((node.root / "pod-logs").iterdir()))
         agent.refresh_background()
         yield generation
+
+
+class InProcessExporter(MetricExporter):
+    """A metric exporter of the tests': nothing to flush or shut down; each says what its export does."""
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None

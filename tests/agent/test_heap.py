@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
@@ -25,9 +25,10 @@ from otel_numa.export.pipeline import build_pipeline
 from otel_numa.testing.kubelet_scenario import build_scenario
 from otel_numa.testing.large_node import LargeNodeSpec, write_large_node
 from otel_numa.testing.sysfs_tree import uniform_nodes
+from tests.support import InProcessExporter
 
 
-class EncodingExporter(MetricExporter):
+class EncodingExporter(InProcessExporter):
     """Encodes each push as the OTLP exporters do, and keeps the bytes of the last one."""
 
     def __init__(self) -> None:
@@ -39,12 +40,6 @@ class EncodingExporter(MetricExporter):
     ) -> MetricExportResult:
         self.last = encode_metrics(metrics_data).SerializeToString()
         return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
 
 
 @pytest.fixture

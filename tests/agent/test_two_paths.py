@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from otel_numa.cli.settings import Settings
 from otel_numa.daemon.agent import Agent
@@ -43,12 +43,12 @@ from otel_numa.testing.peers import http_get
 from otel_numa.testing.podresources_server import PodResourcesServer
 from otel_numa.testing.sysfs_tree import uniform_nodes
 from otel_numa.testing.wsgi import call_wsgi
-from tests.support import generations
+from tests.support import InProcessExporter, generations
 
 FORMATS = ("", "application/openmetrics-text; version=1.0.0")  # the default is the plain text format
 
 
-class Recorder(MetricExporter):
+class Recorder(InProcessExporter):
     """Keeps every push as the OTLP exporters encode it."""
 
     def __init__(self) -> None:
@@ -60,12 +60,6 @@ class Recorder(MetricExporter):
     ) -> MetricExportResult:
         self.requests.append(encode_metrics(metrics_data))
         return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
 
 
 class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):

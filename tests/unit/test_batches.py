@@ -13,7 +13,6 @@ from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
     Metric,
-    MetricExporter,
     MetricExportResult,
     MetricsData,
     NumberDataPoint,
@@ -27,6 +26,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_numa.export.batches import BatchingExporter, batches
 from otel_numa.export.fast.point_list import PointList
 from otel_numa.export.temporality import preferred_temporality
+from tests.support import InProcessExporter
 
 
 def metric(name: str, points: int, lazy: bool = False) -> Metric:
@@ -128,7 +128,7 @@ def test_the_metrics_that_fit_in_a_request_are_handed_on_whole() -> None:
     assert type(first_metrics[2].data.data_points) is list
 
 
-class Recording(MetricExporter):
+class Recording(InProcessExporter):
     def __init__(self, fail_at: int | None = None) -> None:
         super().__init__(preferred_temporality=preferred_temporality())
         self.received: list[MetricsData] = []
@@ -139,12 +139,6 @@ class Recording(MetricExporter):
         if len(self.received) == self.fail_at:
             return MetricExportResult.FAILURE
         return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
 
 
 def test_a_push_fails_at_its_first_failed_request_and_sends_no_more() -> None:

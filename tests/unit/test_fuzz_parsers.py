@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from otel_numa.export.pipeline import build_pipeline
 from otel_numa.model import DeviceEntry, MemoryBlock, MemoryTable, NumaMemoryState, Topology
@@ -58,7 +58,7 @@ from otel_numa.testing.kubelet_scenario import (
     series,
 )
 from otel_numa.testing.sysfs_tree import NodeSpec, write_file, write_machine
-from tests.support import FIXTURES
+from tests.support import FIXTURES, InProcessExporter
 
 FUZZ = settings(
     max_examples=150,
@@ -727,7 +727,7 @@ def test_out_of_range_values_do_not_reach_the_exposition_as_numbers(kubelet_node
     assert errors_of(text, "sysfs")
 
 
-class EncodingExporter(MetricExporter):
+class EncodingExporter(InProcessExporter):
     """Encodes each export as the OTLP exporters do (protobuf), and keeps what failed."""
 
     def __init__(self) -> None:
@@ -745,12 +745,6 @@ class EncodingExporter(MetricExporter):
             self.failures.append(exc)
             return MetricExportResult.FAILURE
         return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        return None
 
 
 def test_a_verified_checkpoint_with_amounts_beyond_int64_does_not_break_the_otlp_export(

@@ -82,8 +82,8 @@ class _ReusedRequests:
     def __init__(self, translate: Callable[[Any], Any]) -> None:
         self._translate = translate  # the exporter's, bound to it
         self._lock = threading.Lock()
-        # one kept request per batch (the exporter splits a push of more than its max_export_batch_size
-        # points into several requests), by the batch's first metric and series; the most recently used last
+        # one kept request per batch (a push of more points than a request holds goes as several:
+        # otel_numa.export.batches), by the batch's first metric and series; the most recently used last
         self._kept: OrderedDict[tuple[object, int], _KeptRequest] = OrderedDict()
         self.reused = 0  # how many requests were the kept one with new numbers
         self.spliced = 0  # how many were put together from the kept one's points and new ones
