@@ -346,11 +346,14 @@ def page_app(registry: CollectorRegistry) -> WSGIApp:
             return public(environ, start_response)  # type: ignore[no-any-return]
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT") or "")
         page = _render_with(rendered, encoder, registry)
+        headers = [("Content-Type", content_type)]
         if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
-            start_response("200 OK", [("Content-Type", content_type), ("Content-Encoding", "gzip")])
-            return [gzip_stream(page)]
-        start_response("200 OK", [("Content-Type", content_type)])
-        return [plain(page)]
+            body = gzip_stream(page)
+            headers.append(("Content-Encoding", "gzip"))
+        else:
+            body = plain(page)
+        start_response("200 OK", headers)  # once the body is made: a failure before it is the guard's
+        return [body]
 
     return app
 
