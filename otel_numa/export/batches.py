@@ -2,8 +2,8 @@
 
 The OTLP exporters split a push themselves when given ``max_export_batch_size``, but they walk every data
 point of every push to do it, even of a push that fits in one request, and hand each request new lists of
-the points: the agent's repeated points (``otel_numa.export.fast.point_list``) were then made as objects at
-every push, and its kept request (``reused_requests``) no longer recognised them. The agent's exporters are
+the points: the agent's repeated points (``otel_numa.export.fast.point_list``) would be made as objects at
+every push, and its kept request (``reused_requests``) could not recognise them. The agent's exporters are
 made without a batch size and the push is split here instead: a push that fits is handed on as it is, and a
 larger one is cut where the exporters would cut it (requests of exactly the batch size, in order, a metric
 cut only where it straddles two requests, no metric, scope or resource left without points), with every
