@@ -60,21 +60,17 @@ def batches(metrics_data: MetricsData, batch_points: int) -> Iterator[MetricsDat
             for metric in scope_metrics.metrics:
                 points: Any = metric.data.data_points
                 start = 0
-                while len(points) - start > room:  # the rest of it does not fit: cut it
-                    metrics.append(_with_points(metric, points[start : start + room]))
-                    start += room
-                    scopes.append(dataclasses.replace(scope_metrics, metrics=metrics))
-                    resources.append(dataclasses.replace(resource_metrics, scope_metrics=scopes))
-                    yield MetricsData(resource_metrics=resources)
-                    room, resources, scopes, metrics = batch_points, [], [], []
-                if start < len(points):
-                    metrics.append(metric if start == 0 else _with_points(metric, points[start:]))
-                    room -= len(points) - start
-                if room == 0:
-                    scopes.append(dataclasses.replace(scope_metrics, metrics=metrics))
-                    resources.append(dataclasses.replace(resource_metrics, scope_metrics=scopes))
-                    yield MetricsData(resource_metrics=resources)
-                    room, resources, scopes, metrics = batch_points, [], [], []
+                while start < len(points):  # as much of it as the request has room for
+                    taken = min(room, len(points) - start)
+                    whole = taken == len(points)
+                    metrics.append(metric if whole else _with_points(metric, points[start : start + taken]))
+                    start += taken
+                    room -= taken
+                    if room == 0:  # the request is full
+                        scopes.append(dataclasses.replace(scope_metrics, metrics=metrics))
+                        resources.append(dataclasses.replace(resource_metrics, scope_metrics=scopes))
+                        yield MetricsData(resource_metrics=resources)
+                        room, resources, scopes, metrics = batch_points, [], [], []
             if metrics:
                 scopes.append(dataclasses.replace(scope_metrics, metrics=metrics))
         if scopes:
