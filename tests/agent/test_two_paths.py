@@ -197,6 +197,10 @@ class Both:
         fast = self.recorders[0]
         return fast.reused() if isinstance(fast, GrpcCollector) else 0
 
+    def spliced_requests(self) -> int:
+        fast = self.recorders[0]
+        return fast.spliced() if isinstance(fast, GrpcCollector) else 0
+
 
 @pytest.mark.parametrize("split_by", ["agent", "exporter"])
 def test_a_push_split_in_batches_reuses_each_batchs_request(
@@ -204,11 +208,20 @@ def test_a_push_split_in_batches_reuses_each_batchs_request(
 ) -> None:
     """A push of more points than a request may hold goes as several requests, split by the agent (as its
     pushes are: otel_numa.export.batches) or by an exporter given max_export_batch_size: on the fast path
-    each batch's request is written anew from its own kept one, the same as the public path's."""
+    each batch's request is written anew from its own kept one, the same as the public path's. A pod
+    replaced moves the later batches' first series: each is put together from the kept request of the
+    batch in its place, none encoded whole again."""
     from otel_numa.export import pipeline
 
     monkeypatch.setattr(pipeline, "OTLP_BATCH_POINTS", 50 if split_by == "agent" else 10_000)
-    spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
+    spec = LargeNodeSpec(
+        numa_nodes=2,
+        cpus_per_node=8,
+        pods=6,
+        containers_per_pod=2,
+        devices_per_resource=2,
+        exclusive_pod_every=3,
+    )
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
     both = Both(agent, over_grpc=True, batch_points=50, exporter_splits=split_by == "exporter")
@@ -219,11 +232,23 @@ def test_a_push_split_in_batches_reuses_each_batchs_request(
         for push in range(3):
             both.compare(("unchanged", push))
         reused = both.reused_requests()
+        requests = 0
+        shared = min(index for index in range(spec.pods) if not spec.exclusive(index))
+        for replaced in (1, 2):
+            node.replace_pod(shared, replaced)
+            agent.refresh_background()
+            both.compare(("replaced", replaced))
+            requests += both.last_push_requests
+            both.forget_departed()
+            both.compare(("forgotten", replaced))
+            requests += both.last_push_requests
+        made_again = both.reused_requests() + both.spliced_requests() - reused
     finally:
         both.close()
         agent.close()
     assert batches >= 4
     assert reused == 3 * batches
+    assert made_again == requests
 
 
 @pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])

@@ -138,11 +138,9 @@ class _ReusedRequests:
                     count += len(listed)
         key = _batch_key(layout)
         with self._lock:
-            # a batch not seen before is put together from the last request kept, which it then replaces
-            # (a push whose first series changed)
             kept, replaced = self._kept.pop(key, None), None
-            if kept is None and self._kept:
-                replaced, kept = next(reversed(self._kept.items()))
+            if kept is None:  # a batch whose first series changed: put together from one of its metrics
+                replaced, kept = self._same_metrics(described)
             # every time and value is written, start times too: a delta sum starts anew at every push, and
             # a series forgotten and observed again comes back with a new start
             if kept is not None and _same_layout(layout, kept.layout):
@@ -172,6 +170,17 @@ class _ReusedRequests:
                 compressed = zlib.compress(serialized, KEPT_COMPRESSION_LEVEL)
                 self._keep(key, _KeptRequest(compressed, places, layout, lists, shape, series, described))
             return request
+
+    def _same_metrics(
+        self, described: list[tuple[object, ...]]
+    ) -> tuple[tuple[object, int] | None, _KeptRequest | None]:
+        """The kept request of the same metrics used least recently, and its key: the batch in the same place
+        in the last push (this push's earlier batches were used since), which a batch not seen before then
+        replaces (a pod replaced shifts the later batches' first series)."""
+        for key, kept in self._kept.items():  # least recently used first
+            if kept.described == described:
+                return key, kept
+        return None, None
 
     def _keep(self, key: tuple[object, int], kept: _KeptRequest) -> None:
         self._kept[key] = kept
