@@ -223,6 +223,8 @@ def ledger(results: dict[str, dict[str, dict[str, float]]], command: str) -> str
         "  requires it). The patches overlap (two may save the same work), so these do not add up.",
         "",
         "Method: `benchmarks/bench_patches.py`; figures written by `" + command + "`.",
+        "The pushes measured go over gRPC; what `reused_requests` saves on OTLP/HTTP pushes is in",
+        "[performance.md](performance.md#pushes-by-protocol-and-compression).",
         "A patch is deleted when it gains less than 5% in CPU and in memory on both nodes by both",
         "measures, unless it is kept for what it does rather than for speed (`forget_departed`, whose",
         "figures are shown as measured). The machine",

@@ -297,7 +297,7 @@ def build_pipeline(
     if "otlp" in names:
         otlp = otlp_exporter_factory(export)
         if fast.on("reused_requests"):
-            reuse_requests(otlp)  # the gRPC exporter only
+            reuse_requests(otlp)  # the OTLP exporters, gRPC and HTTP
         push_record = PushRecord(export.otlp_url)
         # a push ends by --otlp-timeout by the wall clock, whatever the collector or the resolver does
         deadline = DeadlineExporter(

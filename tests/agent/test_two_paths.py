@@ -21,6 +21,9 @@ import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+    OTLPMetricExporter as HttpMetricExporter,
+)
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -33,7 +36,7 @@ from otel_numa.daemon.agent import Agent
 from otel_numa.endpoints.metrics_page import compressing
 from otel_numa.export import fast
 from otel_numa.export.fast import PUBLIC, choose
-from otel_numa.export.fast.reused_requests import _ReusedRequests
+from otel_numa.export.fast.reused_requests import _HttpExport, _ReusedRequests
 from otel_numa.export.pipeline import Pipeline, build_pipeline
 from otel_numa.instruments.catalogue import MetricGroup
 from otel_numa.proto import podresources_v1_pb2 as pb
@@ -104,6 +107,62 @@ class GrpcCollector(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.server.stop(None)
 
 
+class HttpCollector:
+    """An OTLP/HTTP endpoint in the test process that keeps every request body as it arrived: the agent's
+    HTTP exporter posts to it over a socket."""
+
+    def __init__(self, batch_points: int | None = None) -> None:
+        """``batch_points``: the exporters' max_export_batch_size (a push goes as requests of that many)."""
+        self.batch_points = batch_points
+        bodies = self.bodies = []  # type: list[bytes]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.exporters: list[HttpMetricExporter] = []
+
+    @property
+    def requests(self) -> list[ExportMetricsServiceRequest]:
+        return [ExportMetricsServiceRequest.FromString(body) for body in self.bodies]
+
+    def exporter(self) -> HttpMetricExporter:
+        exporter = HttpMetricExporter(
+            endpoint=f"{self.url}/v1/metrics", timeout=5, max_export_batch_size=self.batch_points
+        )
+        self.exporters.append(exporter)
+        return exporter
+
+    def _requests_made(self) -> list[_ReusedRequests]:
+        found = [vars(exporter).get("export") for exporter in self.exporters]
+        return [each.requests for each in found if isinstance(each, _HttpExport)]
+
+    def reused(self) -> int:
+        """How many requests the patched exporters made by writing new numbers into a kept one."""
+        return sum(each.reused for each in self._requests_made())
+
+    def spliced(self) -> int:
+        """How many requests the patched exporters put together from a kept one's points and new ones."""
+        return sum(each.spliced for each in self._requests_made())
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+Collector = GrpcCollector | HttpCollector
+
+
 def timeless(request: ExportMetricsServiceRequest) -> ExportMetricsServiceRequest:
     """A copy of ``request`` with every point's time and start time set to zero."""
     copy = ExportMetricsServiceRequest()
@@ -128,22 +187,27 @@ class Both:
     def __init__(
         self,
         agent: Agent,
-        over_grpc: bool = False,
+        over: str = "encoded",
         batch_points: int | None = None,
         exporter_splits: bool = True,
     ) -> None:
-        """``over_grpc``: each path pushes through the gRPC OTLP exporter to a collector of its own (in
-        requests of ``batch_points``: split by the exporter, or by the agent when not
-        ``exporter_splits``), else the requests are the exporters' encoding of each push."""
+        """``over``: ``grpc`` or ``http``, each path pushes through that OTLP exporter to a collector of
+        its own (in requests of ``batch_points``: split by the exporter, or by the agent when not
+        ``exporter_splits``); ``encoded``, the requests are the exporters' encoding of each push."""
         self.agent = agent
         self.batch_points = batch_points
         given = batch_points if exporter_splits else None  # the exporters' max_export_batch_size
-        self.recorders: tuple[Recorder | GrpcCollector, ...] = (
-            (GrpcCollector(given), GrpcCollector(given)) if over_grpc else (Recorder(), Recorder())
+        collectors: dict[str, Callable[[int | None], Collector]] = {
+            "grpc": GrpcCollector,
+            "http": HttpCollector,
+        }
+        collector = collectors.get(over)
+        self.recorders: tuple[Recorder | Collector, ...] = (
+            (collector(given), collector(given)) if collector is not None else (Recorder(), Recorder())
         )
         self.pipelines: list[Pipeline] = []
         for path, recorder in zip((choose("auto"), PUBLIC), self.recorders, strict=True):
-            exporter = recorder.exporter() if isinstance(recorder, GrpcCollector) else recorder
+            exporter = recorder if isinstance(recorder, Recorder) else recorder.exporter()
             self.pipelines.append(
                 build_pipeline(
                     agent.options,
@@ -190,21 +254,21 @@ class Both:
         for pipeline in self.pipelines:
             pipeline.shutdown(timeout_s=1)
         for recorder in self.recorders:
-            if isinstance(recorder, GrpcCollector):
+            if not isinstance(recorder, Recorder):
                 recorder.close()
 
     def reused_requests(self) -> int:
         fast = self.recorders[0]
-        return fast.reused() if isinstance(fast, GrpcCollector) else 0
+        return 0 if isinstance(fast, Recorder) else fast.reused()
 
     def spliced_requests(self) -> int:
         fast = self.recorders[0]
-        return fast.spliced() if isinstance(fast, GrpcCollector) else 0
+        return 0 if isinstance(fast, Recorder) else fast.spliced()
 
 
-@pytest.mark.parametrize("split_by", ["agent", "exporter"])
+@pytest.mark.parametrize(("split_by", "over"), [("agent", "grpc"), ("exporter", "grpc"), ("agent", "http")])
 def test_a_push_split_in_batches_reuses_each_batchs_request(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_by: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split_by: str, over: str
 ) -> None:
     """A push of more points than a request may hold goes as several requests, split by the agent (as its
     pushes are: otel_numa.export.batches) or by an exporter given max_export_batch_size: on the fast path
@@ -224,7 +288,7 @@ def test_a_push_split_in_batches_reuses_each_batchs_request(
     )
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent, over_grpc=True, batch_points=50, exporter_splits=split_by == "exporter")
+    both = Both(agent, over, batch_points=50, exporter_splits=split_by == "exporter")
     try:
         agent.refresh_background()
         both.compare("first")
@@ -251,15 +315,15 @@ def test_a_push_split_in_batches_reuses_each_batchs_request(
     assert made_again == requests
 
 
-@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
+@pytest.mark.parametrize("over", ["encoded", "grpc", "http"])
 def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(
-    tmp_path: Path, over_grpc: bool
+    tmp_path: Path, over: str
 ) -> None:
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
     # no health series: their ages move between the two paths' collections
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent, over_grpc)
+    both = Both(agent, over)
     pages = []
     try:
         for generation in generations(node, agent):
@@ -269,14 +333,15 @@ def test_changing_values_and_a_departed_pod_give_the_same_pages_and_requests(
         reused = both.reused_requests()
     finally:
         both.close()
-    # over gRPC the fast path wrote new numbers into its last request wherever the series stayed
-    assert reused >= 6 if over_grpc else reused == 0
+    # over OTLP the fast path wrote new numbers into its last request wherever the series stayed
+    assert reused >= 6 if over != "encoded" else reused == 0
     assert b"numa_container_memory_usage_bytes{" in pages[0]
     assert pages[0] == pages[1] != pages[2] != pages[3] != pages[4]
 
 
+@pytest.mark.parametrize("over", ["grpc", "http"])
 def test_a_pod_replaced_gives_the_same_pages_and_requests_put_together_from_the_last_ones(
-    tmp_path: Path,
+    tmp_path: Path, over: str
 ) -> None:
     """One pod replaced at a time, on a quiet and on a busy node: the fast path's request is the kept
     one's points, runs of them whole, around the new pod's, and its page the kept lines around the new
@@ -291,7 +356,7 @@ def test_a_pod_replaced_gives_the_same_pages_and_requests_put_together_from_the_
     )
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent, over_grpc=True)
+    both = Both(agent, over)
     try:
         agent.refresh_background()
         both.compare("first")
@@ -302,8 +367,7 @@ def test_a_pod_replaced_gives_the_same_pages_and_requests_put_together_from_the_
             agent.refresh_background()
             both.compare(("replaced", index))
             both.forget_departed()
-        fast = both.recorders[0]
-        assert isinstance(fast, GrpcCollector) and fast.spliced() >= 4
+        assert both.spliced_requests() >= 4
     finally:
         both.close()
         agent.close()
@@ -339,9 +403,9 @@ def churn_uid(index: int) -> str:
     return f"c0ffee00-0000-4000-8000-{index:012d}"
 
 
-@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
+@pytest.mark.parametrize("over", ["encoded", "grpc", "http"])
 def test_pod_churn_gives_the_same_pages_and_requests(
-    tmp_path: Path, server: PodResourcesServer, over_grpc: bool
+    tmp_path: Path, server: PodResourcesServer, over: str
 ) -> None:
     """Batches of pods replace each other through a real podresources server: the fast path forgets
     departed pods in place, the public path rebuilds its readers (every third batch here: once as many
@@ -351,7 +415,7 @@ def test_pod_churn_gives_the_same_pages_and_requests(
         podresources_socket=str(server.socket_path), disable="health", cardinality_limit=1_000
     )
     agent = Agent(settings.to_options())
-    both = Both(agent, over_grpc)
+    both = Both(agent, over)
     batch = 60
     try:
         for round_ in range(6):
@@ -376,15 +440,15 @@ def test_pod_churn_gives_the_same_pages_and_requests(
             assert pods == {churn_uid(index) for index in indices}
             assert "otel_metric_overflow" not in page
         assert both.pipelines[1].rebuilds == 2 and both.pipelines[0].rebuilds == 0
-        if over_grpc:
+        if over != "encoded":
             assert both.reused_requests() >= 6  # after forgetting, the series of the push before
     finally:
         both.close()
 
 
-@pytest.mark.parametrize("over_grpc", [False, True], ids=["encoded", "grpc"])
+@pytest.mark.parametrize("over", ["encoded", "grpc", "http"])
 def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
-    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, over_grpc: bool
+    tmp_path: Path, server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch, over: str
 ) -> None:
     """With delta temporality, the public path's rebuilds neither lose nor repeat a delta: per series, the
     deltas pushed add up to what the fast path's add up to."""
@@ -392,7 +456,7 @@ def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
     spec = LargeNodeSpec(numa_nodes=2, cpus_per_node=8, pods=6, containers_per_pod=2, devices_per_resource=2)
     node = write_large_node(tmp_path, spec)
     agent = Agent(Settings(**node.settings_values(), disable="health").to_options())  # type: ignore[arg-type]
-    both = Both(agent, over_grpc)
+    both = Both(agent, over)
     try:
         for generation in range(6):
             node.write_cgroup_usage(generation)
@@ -404,7 +468,7 @@ def test_delta_pushes_add_up_to_the_same_totals_on_both_paths(
             both.forget_departed()
             if generation == 3:
                 both.pipelines[1].rebuild()  # as it would once enough pods departed
-        assert both.reused_requests() >= 3 if over_grpc else True
+        assert both.reused_requests() >= 3 if over != "encoded" else True
     finally:
         both.close()
     fast_totals, public_totals = (delta_totals(recorder.requests) for recorder in both.recorders)
@@ -515,32 +579,6 @@ def test_the_command_line_chooses_the_path(tmp_path: Path) -> None:
     assert series(node.exposition(fast_path="off"), "numa_agent_fast_path") == {frozenset(): 0.0}
 
 
-class HttpCollector:
-    """An OTLP/HTTP endpoint in the test process that keeps every request body as it arrived."""
-
-    def __init__(self) -> None:
-        bodies = self.bodies = []  # type: list[bytes]
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *_args: Any) -> None:
-                return None
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_the_console_and_otlp_http_exporters_give_the_same_data_on_both_paths(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -578,8 +616,23 @@ def test_the_console_and_otlp_http_exporters_give_the_same_data_on_both_paths(
             )
             assert fast == public, generation
             assert len(list(points_of(fast))) > 10
+        # the fast path's HTTP exporter (the agent's own) wrote its requests from the ones it kept
+        assert requests_written(pipelines[0]) >= 3
     finally:
         for pipeline in pipelines:
             pipeline.shutdown(timeout_s=1)
         for collector in collectors:
             collector.close()
+
+
+def requests_written(pipeline: Pipeline) -> int:
+    """How many of ``pipeline``'s OTLP/HTTP requests its exporter wrote from a kept one."""
+    written = 0
+    for held in pipeline._exporters:
+        exporter: object = held
+        while exporter is not None:  # through the agent's wrappers to the library's exporter
+            export = vars(exporter).get("export")
+            if isinstance(export, _HttpExport):
+                written += export.requests.reused + export.requests.spliced
+            exporter = getattr(exporter, "exporter", None)
+    return written

@@ -13,9 +13,12 @@ from it on the exporter's ``_channel``) sends a request that is bytes as it is, 
 the library does. Anything else (a series more or less, a histogram, exemplars, a number that does not fit
 in place) is encoded by the exporter's own translation, whose request becomes the one kept.
 
-The HTTP exporter encodes inside ``export`` itself (the module's ``encode_metrics``, then
-``SerializeToString``), with no method of its own in between: reusing its request for one exporter only
-would mean replacing its ``export`` with a copy of the library's, so it keeps the public encoding.
+The OTLP/HTTP exporter encodes inside ``export`` (the library's ``encode_metrics``) and posts the request
+its ``_export_batch`` is given (serialized there, sized, counted, compressed and retried by the library).
+So its ``export`` (an instance attribute on the agent's own exporter) makes the request the same way and
+hands ``_export_batch`` the written bytes parsed back into a request, which serializes to those bytes: a
+parse and a serialization of the request instead of the encoding of every point. A shut-down exporter, or
+one that splits pushes itself (``max_export_batch_size``), runs the library's ``export``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ KEPT_COMPRESSION_LEVEL = 1
 # requests kept, one per batch: pushes of up to this many batches are each written into their own
 KEPT_BATCHES = 16
 _GRPC_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
+_HTTP_EXPORTER_MODULE = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
 _log = logging.getLogger(__name__)
 
 
@@ -352,15 +356,16 @@ def _same_layout(now: list[object], before: list[object]) -> bool:
 
 
 def reuse_requests(exporter: object) -> bool:
-    """Apply the patch to ``exporter`` when it is the gRPC OTLP metric exporter with the library's own
-    translation and the check passes; False, and nothing changed, otherwise."""
-    if type(exporter).__module__ != _GRPC_EXPORTER_MODULE:
+    """Apply the patch to ``exporter`` when it is the gRPC or HTTP OTLP metric exporter of the library's own
+    shape and the check passes; False, and nothing changed, otherwise."""
+    module = type(exporter).__module__
+    if module not in _CHECKS:
         return False  # not imported for another exporter
-    problem = _checked()  # checked now if it was not at start: gRPC was not loaded then
+    problem = _CHECKS[module]()  # checked now if it was not at start: the exporter was not loaded then
     if problem is not None:
-        _log.warning("the gRPC exporter encodes every push anew: %s", problem)
+        _log.warning("the OTLP exporter encodes every push anew: %s", problem)
         return False
-    return _patch(exporter)
+    return _patch(exporter) if module == _GRPC_EXPORTER_MODULE else _patch_http(exporter)
 
 
 class _PassingBytes:
@@ -407,6 +412,46 @@ def _patch(exporter: object) -> bool:
     return True
 
 
+class _HttpExport:
+    """Stands in for one OTLP/HTTP metric exporter's ``export``."""
+
+    def __init__(self, exporter: Any, export: Callable[..., Any], encode: Callable[[Any], Any]) -> None:
+        self._exporter = exporter
+        self._export = export  # the library's, bound to the exporter
+        self.requests = _ReusedRequests(encode)
+
+    def __call__(self, metrics_data: Any, timeout_millis: float | None = 10_000, **kwargs: Any) -> Any:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+        )
+
+        exporter = self._exporter
+        if exporter._shutdown or exporter._max_export_batch_size is not None:
+            return self._export(metrics_data, timeout_millis, **kwargs)
+        try:
+            request = self.requests(metrics_data)
+            if type(request) is bytes:
+                request = ExportMetricsServiceRequest.FromString(request)
+        except Exception:  # the library's export encodes it again and reports what fails as it does
+            return self._export(metrics_data, timeout_millis, **kwargs)
+        return exporter._export_batch(request)
+
+
+def _patch_http(exporter: object) -> bool:
+    from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    if type(exporter) is not OTLPMetricExporter or "export" in vars(exporter):
+        return False
+    own = vars(exporter)
+    if not callable(getattr(exporter, "_export_batch", None)) or type(own.get("_shutdown")) is not bool:
+        return False
+    if "_max_export_batch_size" not in own:
+        return False
+    exporter.export = _HttpExport(exporter, exporter.export, encode_metrics)  # type: ignore[method-assign]
+    return True
+
+
 class _Recording:
     """A channel for the check: each call's request as its serializer makes it, never sent."""
 
@@ -420,12 +465,11 @@ class _Recording:
         return call
 
 
-def _check() -> str | None:
-    """Two throwaway gRPC exporters (never connected), one patched: over pushes with new values, a new
-    start time, a number that switches between integer and float, a series more and a series less (the
-    kept series' points put together with the new ones), series in another order, and repeated points
-    given as their numbers (the same tuples again, then new values), the same requests."""
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+def _check_pushes() -> tuple[list[Any], list[list[Any]]]:
+    """What the checks push: pushes with new values, a new start time, a number that switches between
+    integer and float, a series more and a series less (the kept series' points put together with the
+    new ones), series in another order, and repeated points given as their numbers (the same tuples
+    again, then new values); then pushes split in batches, one metric each."""
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
         Metric,
@@ -470,7 +514,7 @@ def _check() -> str | None:
 
         return PointList.made_later(make, attributes, values, starts, time)
 
-    def data(push: list[tuple[dict[str, str], int, float]] | tuple[float, ...], time: int) -> MetricsData:
+    def metrics_of(push: list[tuple[dict[str, str], int, float]] | tuple[float, ...], time: int) -> list[Any]:
         if isinstance(push, tuple):  # repeated points: the same tuples from one push to the next
             sums = Sum(repeated(starts, push, time), AggregationTemporality.CUMULATIVE, True)
             gauge = Gauge(repeated(gauge_starts, push, time))
@@ -481,9 +525,25 @@ def _check() -> str | None:
                 True,
             )
             gauge = Gauge([NumberDataPoint(a, no_start, time, value) for a, _start, value in push])
-        metrics = [Metric("s", "a sum", "1", sums), Metric("g", "a gauge", "By", gauge)]
+        return [Metric("s", "a sum", "1", sums), Metric("g", "a gauge", "By", gauge)]
+
+    def data(metrics: list[Any]) -> MetricsData:
         return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
+    whole = [data(metrics_of(push, time)) for time, push in enumerate(pushes, start=100)]
+    batched = [
+        [data([metric]) for metric in metrics_of(values, time)]
+        for time, values in enumerate([same, new, same, new], start=200)
+    ]
+    return whole, batched
+
+
+def _check() -> str | None:
+    """Two throwaway gRPC exporters (never connected), one patched: over the pushes of
+    :func:`_check_pushes`, the same requests, and each batch of a split push written from its own."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+    whole, batched = _check_pushes()
     plain = OTLPMetricExporter(endpoint="localhost:1", insecure=True)
     patched = OTLPMetricExporter(endpoint="localhost:1", insecure=True)
     try:
@@ -491,8 +551,7 @@ def _check() -> str | None:
             return "the exporter has another shape"
         wire = _Recording()
         client = patched._stub(wire)  # the patched exporter's client, on a channel that records
-        for time, push in enumerate(pushes, start=100):
-            metrics = data(push, time)
+        for metrics in whole:
             client.Export(request=patched._translate_data(metrics), metadata=None, timeout=1)
             if wire.sent[-1] != plain._translate_data(metrics).SerializeToString():
                 return "the requests differ from the exporter's own"
@@ -501,12 +560,8 @@ def _check() -> str | None:
             return "no request was kept"
         # a push split in batches (the exporter's max_export_batch_size): each batch reuses its own request
         before = reused.reused
-        for time, values in enumerate([same, new, same, new], start=200):
-            full = data(values, time)
-            (resource_metrics,) = full.resource_metrics
-            (scope_metrics,) = resource_metrics.scope_metrics
-            for metric in scope_metrics.metrics:
-                batch = MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, [metric], "")], "")])
+        for batches in batched:
+            for batch in batches:
                 client.Export(request=patched._translate_data(batch), metadata=None, timeout=1)
                 if wire.sent[-1] != plain._translate_data(batch).SerializeToString():
                     return "the batches' requests differ from the exporter's own"
@@ -518,23 +573,72 @@ def _check() -> str | None:
         patched.shutdown(timeout_millis=100)
 
 
-_checked = functools.cache(_check)
+def _check_http() -> str | None:
+    """Two throwaway OTLP/HTTP exporters (never connected), one patched, each posting through its
+    ``_export_batch`` to a recorder: over the pushes of :func:`_check_pushes`, the same requests; the
+    patched one's written from its kept ones."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import MetricExportResult
+
+    whole, batched = _check_pushes()
+    plain = OTLPMetricExporter(endpoint="http://localhost:1/v1/metrics")
+    patched = OTLPMetricExporter(endpoint="http://localhost:1/v1/metrics")
+    try:
+        if not _patch_http(patched):
+            return "the exporter has another shape"
+        sent: list[list[bytes]] = [[], []]
+        for exporter, requests in zip((plain, patched), sent, strict=True):
+
+            def post(request: Any, requests: list[bytes] = requests) -> MetricExportResult:
+                requests.append(request.SerializeToString())
+                return MetricExportResult.SUCCESS
+
+            exporter._export_batch = post  # type: ignore[method-assign,assignment]
+        for metrics in [*whole, *(batch for batches in batched for batch in batches)]:
+            for exporter in (plain, patched):
+                if exporter.export(metrics) is not MetricExportResult.SUCCESS:
+                    return "a push failed"
+            if sent[0][-1] != sent[1][-1]:
+                return "the requests differ from the exporter's own"
+        export = vars(patched).get("export")
+        if not isinstance(export, _HttpExport) or export.requests.reused + export.requests.spliced < 8:
+            return "the requests were not written from the kept ones"
+        return None
+    finally:
+        plain.shutdown()
+        patched.shutdown()
+
+
+_CHECKS: dict[str, Callable[[], str | None]] = {
+    _GRPC_EXPORTER_MODULE: functools.cache(_check),
+    _HTTP_EXPORTER_MODULE: functools.cache(_check_http),
+}
 
 
 def _check_if_loaded() -> str | None:
-    """The check, where the agent pushes over gRPC; an agent without an OTLP gRPC exporter never loads gRPC
-    (about 13 MB) for it, and its exporter, if one is made later, is checked before it is patched."""
-    return _checked() if _GRPC_EXPORTER_MODULE in sys.modules else None
+    """The check of each OTLP exporter the process loaded; an agent without an OTLP gRPC exporter never
+    loads gRPC (about 13 MB) for it, and an exporter made later is checked before it is patched."""
+    for module, check in _CHECKS.items():
+        problem = check() if module in sys.modules else None
+        if problem is not None:
+            return problem
+    return None
 
 
 PATCH = Patch(
     name="reused_requests",
-    replaces="the gRPC OTLP exporter's encoding of every data point on every push",
+    replaces=(
+        "the OTLP exporters' encoding of every data point on every push (the gRPC exporter's translation,"
+        " the HTTP exporter's export)"
+    ),
     private_names=(
         "OTLPExporterMixin._translate_data",
         "OTLPExporterMixin._stub",
         "OTLPExporterMixin._client",
         "OTLPExporterMixin._channel",
+        "OTLPMetricExporter._export_batch",
+        "OTLPMetricExporter._shutdown",
+        "OTLPMetricExporter._max_export_batch_size",
     ),
     check=_check_if_loaded,
 )
