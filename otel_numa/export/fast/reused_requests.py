@@ -69,7 +69,8 @@ class _KeptRequest:
     compressed: bytes
     places: array[int]  # where its numbers lie in the decompressed bytes (otel_numa.export.otlp_wire)
     layout: list[object]  # held, so that the ids compared with it cannot be reused
-    # the start times and values of each point list it was encoded from (held: compared by identity)
+    # the start times and values of each metric's point list it was encoded from (held: compared by
+    # identity; None for a metric of plain points)
     numbers: list[tuple[object, object]]
     # its parts, when it is one resource with one scope (otel_numa.export.otlp_wire.request_shape), and each
     # metric's attribute mappings in order: a push with other series reuses the points it still has
@@ -96,9 +97,9 @@ class _ReusedRequests:
         layout: list[object] = []
         points: list[Any] = []
         # repeated points as their numbers, without making the points: (first point's index, its list, its
-        # place among the point lists)
+        # metric's place in the push)
         numbers_of: list[tuple[int, PointList, int]] = []
-        lists: list[tuple[object, object]] = []  # every point list's start times and values
+        lists: list[tuple[object, object]] = []  # each metric's point list's start times and values
         series: list[Sequence[object]] = []  # each metric's attribute mappings, in order
         described: list[tuple[object, ...]] = []
         count = 0
@@ -121,10 +122,12 @@ class _ReusedRequests:
                     described.append(description)
                     layout.append((*description, len(numbers.data_points)))
                     listed = numbers.data_points
+                    lists.append(
+                        (listed.starts, listed.values) if type(listed) is PointList else (None, None)
+                    )
                     if type(listed) is PointList:  # plain points; one tuple of mappings
                         layout.append(listed.attributes)
                         series.append(listed.attributes)
-                        lists.append((listed.starts, listed.values))
                         if listed.starts is not None and listed.time is not None:
                             numbers_of.append((count, listed, len(lists) - 1))
                             points.append(None)  # a place holder: written below from the numbers
@@ -218,8 +221,16 @@ class _ReusedRequests:
         metrics = scope_metrics.metrics
         if len(metrics) != len(shape.metrics) or len(series) != len(metrics) or described != kept.described:
             return None  # other metrics (names, descriptions, units, kinds) than the kept request's
+        if len(kept_series) != len(metrics) or len(kept.numbers) != len(metrics):
+            return None
+        # a metric with the very tuple of series of the kept request's (its instrument's series unchanged)
+        # takes its points over whole, one run
+        same = [now is old for now, old in zip(series, kept_series, strict=True)]
         # where each kept series' point is: (metric, its index there) by its attribute mapping
-        before: list[dict[int, int]] = [{id(each): at for at, each in enumerate(old)} for old in kept_series]
+        before: list[dict[int, int]] = [
+            {} if unchanged else {id(each): at for at, each in enumerate(old)}
+            for old, unchanged in zip(kept_series, same, strict=True)
+        ]
         new_points: list[list[int]] = []  # per metric, the indexes of the series that are new
         partial: list[Any] = []
         encoded_at: dict[int, int] = {}  # metric -> its place in the request of the new series
@@ -228,7 +239,7 @@ class _ReusedRequests:
         ):
             fresh = [
                 at
-                for at, each in enumerate(now)
+                for at, each in ([] if same[index] else enumerate(now))
                 if known.get(id(each)) is None or old[known[id(each)]] is not each
             ]
             new_points.append(fresh)
@@ -266,8 +277,14 @@ class _ReusedRequests:
         first = 0  # the kept request's index of its metric's first point
         parts: list[list[tuple[bytes, int, int, int] | PointRun]] = []
         for index, (now, known, fresh) in enumerate(zip(series, before, new_points, strict=True)):
-            fresh_at = {at: k for k, at in enumerate(fresh)}
             its: list[tuple[bytes, int, int, int] | PointRun] = []
+            if same[index]:
+                if now:
+                    its.append(point_run(old_bytes, shape, index, first, 0, len(now) - 1))
+                parts.append(its)
+                first += len(shape.metrics[index].points) // 2
+                continue
+            fresh_at = {at: k for k, at in enumerate(fresh)}
             run: list[int] = []  # a run of the kept request's points, one after the other: its first, last
             for at, each in enumerate(now):
                 k = fresh_at.get(at)
@@ -288,11 +305,12 @@ class _ReusedRequests:
         if len(assembled.places) != 3 * count:
             return None
         written = bytearray(encoded)
-        # every number written: the points were encoded with other numbers
-        lists = max((place for _first, _listed, place in numbers_of), default=-1) + 1
-        if not _write(
-            written, _KeptRequest(b"", assembled.places, [], [(None, None)] * lists), points, numbers_of
-        ):
+        # a metric taken over whole holds the kept numbers: its new time only, where its point list has the
+        # start times and values the kept request was encoded from; every other number written
+        numbers = [
+            pair if unchanged else (None, None) for pair, unchanged in zip(kept.numbers, same, strict=True)
+        ]
+        if not _write(written, _KeptRequest(b"", assembled.places, [], numbers), points, numbers_of):
             return None
         return bytes(written), assembled
 
