@@ -82,6 +82,9 @@ def installed(python: Path) -> dict[str, str]:
 def patch_checks(python: Path) -> dict[str, str | None]:
     script = (
         "import json\n"
+        # both OTLP exporters loaded: reused_requests checks the exporters a process has loaded
+        "import opentelemetry.exporter.otlp.proto.grpc.metric_exporter\n"
+        "import opentelemetry.exporter.otlp.proto.http.metric_exporter\n"
         "from otel_numa.export.fast import PATCHES\n"
         "def why(patch):\n"
         "    try:\n"
