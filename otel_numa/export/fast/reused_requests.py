@@ -433,23 +433,26 @@ def _patch(exporter: object) -> bool:
 class _HttpExport:
     """Stands in for one OTLP/HTTP metric exporter's ``export``."""
 
-    def __init__(self, exporter: Any, export: Callable[..., Any], encode: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        exporter: Any,
+        export: Callable[..., Any],
+        encode: Callable[[Any], Any],
+        parse: Callable[[bytes], Any],
+    ) -> None:
         self._exporter = exporter
         self._export = export  # the library's, bound to the exporter
+        self._parse = parse  # bytes to the request message the library's encoding makes
         self.requests = _ReusedRequests(encode)
 
     def __call__(self, metrics_data: Any, timeout_millis: float | None = 10_000, **kwargs: Any) -> Any:
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-            ExportMetricsServiceRequest,
-        )
-
         exporter = self._exporter
         if exporter._shutdown or exporter._max_export_batch_size is not None:
             return self._export(metrics_data, timeout_millis, **kwargs)
         try:
             request = self.requests(metrics_data)
             if type(request) is bytes:
-                request = ExportMetricsServiceRequest.FromString(request)
+                request = self._parse(request)
         except Exception:  # the library's export encodes it again and reports what fails as it does
             return self._export(metrics_data, timeout_millis, **kwargs)
         return exporter._export_batch(request)
@@ -458,6 +461,7 @@ class _HttpExport:
 def _patch_http(exporter: object) -> bool:
     from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
     if type(exporter) is not OTLPMetricExporter or "export" in vars(exporter):
         return False
@@ -466,7 +470,8 @@ def _patch_http(exporter: object) -> bool:
         return False
     if "_max_export_batch_size" not in own:
         return False
-    exporter.export = _HttpExport(exporter, exporter.export, encode_metrics)  # type: ignore[method-assign]
+    parse = ExportMetricsServiceRequest.FromString
+    exporter.export = _HttpExport(exporter, exporter.export, encode_metrics, parse)  # type: ignore[method-assign]
     return True
 
 
